@@ -1,0 +1,375 @@
+"""Crawl benchmark: crawlfleet against Scrapy and a bare aiohttp loop on the same local site.
+
+    python -m bench.crawl_bench [--pages 10000] [--hosts 8] [--concurrency 64] [--port 18500]
+                                [--skip-crawlfleet] [--json-out bench/out/crawl_bench.json]
+
+The site (``infra.demo_site.bench_spec``) runs in a thread of *this* process, and every crawler
+runs as its own subprocess, so no crawler's CPU time or memory includes the site's. Each
+crawler gets a fresh server (fresh counters), in the order bare aiohttp, Scrapy, crawlfleet.
+The server's request log is the referee: every peer must fetch exactly the expected pages,
+none twice, nothing robots.txt disallows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.peers import REPO_ROOT, PeerResult, run_bare_aiohttp, run_scrapy
+from infra.demo_site import DemoSite, SiteSpec, bench_spec
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass
+class Run:
+    """A peer's result plus what the server saw while it ran."""
+
+    result: PeerResult
+    expected: int
+    site_requests: int
+    refetched: int  # requests beyond the first for the same URL
+    disallowed_fetched: int  # requests for robots-disallowed URLs
+    peak_pss_mb: float | None = None  # crawlfleet only: shared pages counted once
+    peak_breakdown: dict[str, float] | None = None  # crawlfleet only: MB per command at peak
+
+    @property
+    def complete(self) -> bool:
+        return (
+            self.result.pages == self.expected
+            and self.refetched == 0
+            and self.disallowed_fetched == 0
+        )
+
+
+# -- process-tree memory ---------------------------------------------------------------------------
+
+
+def _descendants(root: int) -> list[int]:
+    """``root`` and every live process below it, from /proc's parent links."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        out.append(pid)
+        stack.extend(children.get(pid, []))
+    return out
+
+
+def _proc_memory(pid: int) -> tuple[str, int, int] | None:
+    """(command name, RSS bytes, PSS bytes) of ``pid``, or None if it has gone."""
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+        rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE_SIZE
+        pss = rss
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                pss = int(line.split()[1]) * 1024
+                break
+        return name, rss, pss
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class TreeMemorySampler:
+    """Samples a process tree's summed RSS every ``interval`` s and keeps the peak.
+
+    crawlfleet spawns stage processes, so the parent's own peak would understate it; summed
+    RSS counts pages shared between processes once per process (an upper bound), so the
+    summed PSS peak is kept too.
+    """
+
+    def __init__(self, root_pid: int, interval: float = 0.2) -> None:
+        self.root_pid = root_pid
+        self.interval = interval
+        self.peak_rss = 0
+        self.peak_pss = 0
+        self.peak_breakdown: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def sample(self) -> None:
+        rss = pss = 0
+        by_name: dict[str, int] = {}
+        for pid in _descendants(self.root_pid):
+            mem = _proc_memory(pid)
+            if mem is None:
+                continue
+            name, r, p = mem
+            rss += r
+            pss += p
+            by_name[name] = by_name.get(name, 0) + r
+        if rss > self.peak_rss:
+            self.peak_rss = rss
+            self.peak_breakdown = by_name
+        self.peak_pss = max(self.peak_pss, pss)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+
+# -- crawlfleet ------------------------------------------------------------------------------------
+
+
+def crawlfleet_command(override: str | None) -> list[str] | None:
+    """How to start crawlfleet: an override, the installed script, or its module in this tree."""
+    if override:
+        return shlex.split(override)
+    script = shutil.which("crawlfleet") or shutil.which(
+        "crawlfleet", path=str(Path(sys.executable).parent)
+    )
+    if script:
+        return [script]
+    if (REPO_ROOT / "crawlfleet" / "cli.py").exists():
+        return [sys.executable, "-c", "from crawlfleet.cli import app; app()"]
+    return None
+
+
+def run_crawlfleet(
+    command: list[str], spec: SiteSpec, extra_args: list[str], timeout: float
+) -> tuple[PeerResult, TreeMemorySampler]:
+    """Run ``crawlfleet crawl`` on the site's seeds; its summary JSON gives pages and time."""
+    with tempfile.TemporaryDirectory(prefix="bench-crawlfleet-") as tmp:
+        seeds = Path(tmp, "seeds.txt")
+        seeds.write_text("\n".join(spec.seeds()) + "\n")
+        summary = Path(tmp, "summary.json")
+        argv = [
+            *command,
+            "crawl",
+            str(seeds),
+            "--allow-private",
+            "--rate-cap",
+            "100000",
+            "--summary-json",
+            str(summary),
+            "--data-dir",
+            str(Path(tmp, "data")),
+            *extra_args,
+        ]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        started = time.perf_counter()
+        # Its own session, so a timeout can end the whole tree it started, and only that.
+        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, start_new_session=True)
+        sampler = TreeMemorySampler(proc.pid)
+        sampler.start()
+        try:
+            returncode = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+            raise RuntimeError(f"crawlfleet did not finish within {timeout:.0f} s") from None
+        finally:
+            sampler.stop()
+        process_seconds = time.perf_counter() - started
+        if not summary.exists():
+            raise RuntimeError(f"crawlfleet exited with {returncode}: {shlex.join(argv)}")
+        # A non-zero exit with a summary (e.g. not drained) is still a result: the table's
+        # "exact" column shows it fell short.
+        data = json.loads(summary.read_text())
+    pages = int(data["pages_stored"])
+    seconds = float(data["seconds"])
+    result = PeerResult(
+        name="crawlfleet" if returncode == 0 else f"crawlfleet (exit {returncode})",
+        pages=pages,
+        seconds=seconds,
+        pages_per_s=float(data.get("pages_per_s") or (pages / seconds if seconds else 0.0)),
+        peak_rss_mb=sampler.peak_rss / 2**20,
+        process_seconds=process_seconds,
+    )
+    return result, sampler
+
+
+# -- driver ----------------------------------------------------------------------------------------
+
+
+def _with_fresh_site(
+    spec: SiteSpec, expected: int, fn: Callable[[], PeerResult | tuple[PeerResult, Any]]
+) -> Run:
+    with DemoSite(spec) as site:
+        out = fn()
+        requests = site.snapshot()[0]
+    result, sampler = out if isinstance(out, tuple) else (out, None)
+    run = Run(
+        result=result,
+        expected=expected,
+        site_requests=sum(requests.values()),
+        refetched=sum(n - 1 for n in requests.values() if n > 1),
+        disallowed_fetched=sum(n for u, n in requests.items() if "/nofollow/" in u),
+    )
+    if isinstance(sampler, TreeMemorySampler):
+        run.peak_pss_mb = sampler.peak_pss / 2**20
+        run.peak_breakdown = {k: v / 2**20 for k, v in sampler.peak_breakdown.items()}
+    return run
+
+
+def _table(runs: list[Run], title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("crawler")
+    for col in ("pages", "expected", "exact", "seconds", "pages/s", "peak RSS MB", "process s"):
+        table.add_column(col, justify="right")
+    for col in ("site requests", "refetched", "disallowed fetched"):
+        table.add_column(col, justify="right")
+    for r in runs:
+        res = r.result
+        table.add_row(
+            res.name,
+            str(res.pages),
+            str(r.expected),
+            "[green]yes[/]" if r.complete else "[red]NO[/]",
+            f"{res.seconds:.2f}",
+            f"{res.pages_per_s:,.0f}",
+            f"{res.peak_rss_mb:,.1f}",
+            f"{res.process_seconds:.2f}",
+            str(r.site_requests),
+            str(r.refetched),
+            str(r.disallowed_fetched),
+        )
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--pages", type=int, default=10_000)
+    parser.add_argument("--hosts", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--port", type=int, default=18500)
+    parser.add_argument("--page-bytes", type=int, default=12_000)
+    parser.add_argument("--links-per-page", type=int, default=10)
+    parser.add_argument("--skip-crawlfleet", action="store_true")
+    parser.add_argument("--skip-scrapy", action="store_true")
+    parser.add_argument("--skip-bare", action="store_true")
+    parser.add_argument("--crawlfleet-cmd", help="command to start crawlfleet (default: found)")
+    parser.add_argument(
+        "--crawlfleet-arg",
+        action="append",
+        default=[],
+        help="extra argument for `crawlfleet crawl` (repeatable)",
+    )
+    parser.add_argument("--timeout", type=float, default=3600.0, help="per-crawler seconds")
+    parser.add_argument("--json-out", type=Path, help="also write the results as JSON here")
+    args = parser.parse_args(argv)
+    # a fixed width when piped, so the table stays readable in logs and CI output
+    console = Console(width=None if sys.stdout.isatty() else 150)
+
+    command = None
+    if not args.skip_crawlfleet:
+        command = crawlfleet_command(args.crawlfleet_cmd)
+        if command is None:
+            console.print(
+                "[red]crawlfleet command not found[/] (no `crawlfleet` on PATH, no "
+                "crawlfleet/cli.py); pass --crawlfleet-cmd or --skip-crawlfleet"
+            )
+            return 2
+
+    spec = bench_spec(args.port, args.pages, args.hosts, args.page_bytes, args.links_per_page)
+    expected = len(spec.expected())
+    seeds, hosts, conc = spec.seeds(), list(spec.hosts), args.concurrency
+    console.print(
+        f"site: {args.pages} pages x ~{args.page_bytes} B on {args.hosts} hosts "
+        f"({hosts[0]}..{hosts[-1]}:{args.port}), {expected} URLs expected; "
+        f"concurrency {conc}; server in-process thread, crawlers in subprocesses; "
+        f"{os.cpu_count()} CPUs"
+    )
+
+    plan: list[tuple[str, Callable[[], PeerResult | tuple[PeerResult, Any]]]] = []
+    if not args.skip_bare:
+        plan.append(("bare-aiohttp", lambda: run_bare_aiohttp(seeds, hosts, conc)))
+    if not args.skip_scrapy:
+        plan.append(("scrapy", lambda: run_scrapy(seeds, hosts, conc)))
+    if command is not None:
+        cmd = command
+        plan.append(
+            (
+                "crawlfleet",
+                lambda: run_crawlfleet(cmd, spec, list(args.crawlfleet_arg), args.timeout),
+            )
+        )
+
+    runs: list[Run] = []
+    for name, fn in plan:
+        console.print(f"running {name} ...")
+        try:
+            run = _with_fresh_site(spec, expected, fn)
+        except RuntimeError as exc:
+            console.print(f"[red]{name} failed:[/] {exc}")
+            continue
+        runs.append(run)
+        console.print(
+            f"  {run.result.pages} pages in {run.result.seconds:.2f} s = "
+            f"{run.result.pages_per_s:,.0f} pages/s, peak RSS {run.result.peak_rss_mb:,.1f} MB"
+        )
+
+    console.print(_table(runs, f"crawl benchmark: {args.pages} pages, concurrency {conc}"))
+    by_name = {r.result.name: r for r in runs}
+    fleet = next((r for r in runs if r.result.name.startswith("crawlfleet")), None)
+    if fleet is not None:
+        if fleet.peak_pss_mb is not None:
+            console.print(
+                f"crawlfleet peak summed PSS (shared pages once): {fleet.peak_pss_mb:,.1f} MB"
+            )
+        if fleet.peak_breakdown:
+            parts = ", ".join(
+                f"{k} {v:,.0f}"
+                for k, v in sorted(fleet.peak_breakdown.items(), key=lambda x: -x[1])
+            )
+            console.print(f"crawlfleet RSS at peak by command (MB): {parts}")
+        for other in ("scrapy", "bare-aiohttp"):
+            peer = by_name.get(other)
+            if peer is None or not peer.result.pages_per_s or not peer.result.peak_rss_mb:
+                continue
+            speed = fleet.result.pages_per_s / peer.result.pages_per_s
+            memory = fleet.result.peak_rss_mb / peer.result.peak_rss_mb
+            console.print(f"crawlfleet / {other}: pages/s x{speed:.2f}, peak RSS x{memory:.2f}")
+    incomplete = [r.result.name for r in runs if not r.complete]
+    if incomplete:
+        console.print(f"[yellow]did not crawl the site exactly: {', '.join(incomplete)}[/]")
+
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "expected": expected,
+            "cpus": os.cpu_count(),
+            "runs": [{**asdict(r), "complete": r.complete} for r in runs],
+        }
+        args.json_out.write_text(json.dumps(payload, indent=2))
+    return 0 if len(runs) == len(plan) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The stage consumer groups: fetch, parse, store and the retry scheduler."""

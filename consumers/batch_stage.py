@@ -1,0 +1,155 @@
+"""Base of the synchronous consume → transform → produce stages (parse, retry).
+
+Each poll batch is one Kafka transaction: its outputs and its input offsets commit
+together, so a crash anywhere replays the batch and downstream never sees a duplicate.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from crawlfleet.config import Settings
+from crawlfleet.errors import DecodeError, FatalError
+from consumers.runtime import (
+    Encoder,
+    FencedError,
+    Output,
+    StatusFile,
+    StopFlag,
+    TxnAbortedError,
+    TxnCommitter,
+    consumer_conf,
+    rewind,
+    topology_of,
+    worker_name,
+)
+
+log = logging.getLogger("crawlfleet.stage")
+
+
+class NotDueError(Exception):
+    """Raised by ``handle`` when a record must wait; its partition pauses, not the loop."""
+
+    def __init__(self, wait_s: float) -> None:
+        super().__init__(f"not due for {wait_s:.2f}s")
+        self.wait_s = wait_s
+
+
+class BatchStage(ABC):
+    stage: ClassVar[str]
+    batch_size: ClassVar[int] = 500
+
+    def __init__(self, settings: Settings, worker_id: str | None = None,
+                 stop: StopFlag | None = None) -> None:
+        self.settings = settings
+        self.topology = topology_of(settings)
+        self.worker = worker_name(self.stage, worker_id)
+        self.stop = stop or StopFlag()
+        self.encoder = Encoder(self.topology, self.worker)
+        self.status = StatusFile(settings.status_dir, self.stage, self.worker)
+        self._paused_until: dict[tuple[str, int], float] = {}
+        self._committed: dict[tuple[str, int], int] = {}
+
+    @abstractmethod
+    def input_topics(self) -> list[str]: ...
+
+    @abstractmethod
+    def handle(self, msg: Message) -> list[Output]:
+        """Outputs for one input record; raise DecodeError/FatalError to dead-letter it."""
+
+    def run(self) -> None:
+        """Consume until stopped; rebuild clients and rejoin if this worker gets fenced."""
+        while not self.stop:
+            try:
+                self._run_once()
+            except FencedError as exc:
+                log.warning("%s %s fenced, dropping work and rejoining: %s",
+                            self.stage, self.worker, exc)
+                self.status.add("fenced")
+        self.status.remove()
+
+    def _run_once(self) -> None:
+        group = self.topology.group(self.stage)
+        committer = TxnCommitter(self.settings, f"{group}-{self.worker}", self.worker)
+        consumer = Consumer(consumer_conf(self.settings, group, self.worker))
+        consumer.subscribe(self.input_topics(), on_assign=self._on_assign)
+        try:
+            while not self.stop:
+                self._resume_due(consumer)
+                msgs = consumer.consume(self.batch_size, 0.2)
+                self._process(consumer, committer, msgs)
+                self.status.write()
+        finally:
+            consumer.close()  # leaves the group now, not after the session timeout
+            committer.close()
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._committed.clear()
+        self._paused_until = {k: v for k, v in self._paused_until.items()
+                              if any((p.topic, p.partition) == k for p in partitions)}
+
+    def _process(self, consumer: Consumer, committer: TxnCommitter, msgs: list[Message]) -> None:
+        outputs: list[Output] = []
+        offsets: dict[tuple[str, int], int] = {}
+        held: set[tuple[str, int]] = set()
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("%s consume error: %s", self.stage, err)
+                continue
+            tp = (msg.topic(), msg.partition())
+            if tp in held:
+                continue
+            try:
+                outputs.extend(self.handle(msg))
+                self.status.add("processed")
+            except NotDueError as nd:
+                held.add(tp)
+                self._hold(consumer, msg, nd.wait_s)
+                continue
+            except DecodeError as exc:
+                outputs.append(self.encoder.undecodable(msg, exc))
+                self.status.add("dead")
+            except FatalError as exc:
+                outputs.append(self.encoder.dead(None, msg.value(), msg.topic(), exc.reason,
+                                                 str(exc), 1))
+                self.status.add("dead")
+            offsets[tp] = msg.offset() + 1
+        # The position also steps over transaction markers, so an idle stage's lag is 0.
+        for pos in consumer.position(consumer.assignment()):
+            key = (pos.topic, pos.partition)
+            if pos.offset >= 0 and key not in held and pos.offset > offsets.get(key, -1):
+                offsets[key] = pos.offset
+        changed = {k: o for k, o in offsets.items() if self._committed.get(k) != o}
+        if not changed:
+            return
+        try:
+            committer.commit(consumer, outputs,
+                             [TopicPartition(t, p, o) for (t, p), o in changed.items()])
+            self._committed.update(changed)
+            self.status.add("committed_txns")
+        except TxnAbortedError as exc:
+            log.warning("%s transaction aborted, rewinding: %s", self.stage, exc)
+            self._committed.clear()
+            rewind(consumer, consumer.assignment())
+
+    def _hold(self, consumer: Consumer, msg: Message, wait_s: float) -> None:
+        tp = TopicPartition(msg.topic(), msg.partition(), msg.offset())
+        consumer.pause([tp])
+        consumer.seek(tp)
+        self._paused_until[(msg.topic(), msg.partition())] = time.monotonic() + wait_s
+
+    def _resume_due(self, consumer: Consumer) -> None:
+        now = time.monotonic()
+        due = [k for k, t in self._paused_until.items() if t <= now]
+        if due:
+            consumer.resume([TopicPartition(t, p) for t, p in due])
+            for k in due:
+                del self._paused_until[k]
+        self.status.gauges["held_partitions"] = len(self._paused_until)

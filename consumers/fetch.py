@@ -1,0 +1,470 @@
+"""Fetch stage: frontier jobs → polite HTTP fetches → FetchResult, retry or dead letter.
+
+One asyncio loop runs many fetches at once; one dedicated thread makes every Kafka call
+(poll, rebalance callbacks, transactional commits), so callbacks and commits never
+overlap. Jobs queue per target in a :class:`TargetScheduler` (rate cap, Crawl-delay,
+Retry-After), so a deferred target never blocks its partition. Completed work, its dedupe
+state and the safe input offsets commit together in one transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import aiohttp
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from consumers.classify import Verdict, classify_status
+from consumers.http_fetch import HTTP_LIB_VERSION, TLS_LIB_VERSION, Fetcher, Response
+from consumers.offsets import OffsetTracker
+from consumers.robots import UNREACHABLE_RETRY_S, RobotsRules, rules_from_response
+from consumers.runtime import (
+    Encoder,
+    FencedError,
+    Output,
+    StatusFile,
+    StopFlag,
+    TxnAbortedError,
+    TxnCommitter,
+    consumer_conf,
+    topology_of,
+    worker_name,
+)
+from consumers.scheduler import TargetScheduler
+from consumers.seen import DEAD, DONE, RETRYING, SeenStore
+from crawlfleet import __version__
+from crawlfleet.config import Settings
+from crawlfleet.errors import CrawlfleetError, DecodeError, InvalidURLError, RobotsDisallowedError
+from crawlfleet.urls import canonicalize, dedupe_key
+
+log = logging.getLogger("crawlfleet.fetch")
+R = TypeVar("R")
+TP = tuple[str, int]
+FETCHER_VERSION = f"crawlfleet-fetch/{__version__}"
+
+
+@dataclass
+class Pending:
+    """A job between admission and completion, tagged with its partition's epoch."""
+
+    tp: TP
+    offset: int
+    epoch: int
+    job: dict[str, Any]
+    key: str
+
+
+class FetchStage:
+    stage = "fetch"
+
+    def __init__(self, settings: Settings, worker_id: str | None = None,
+                 stop: StopFlag | None = None) -> None:
+        self.s = settings
+        self.topology = topology_of(settings)
+        self.worker = worker_name(self.stage, worker_id)
+        self.stop = stop or StopFlag()
+        self.encoder = Encoder(self.topology, self.worker)
+        self.status = StatusFile(settings.status_dir, self.stage, self.worker)
+
+    def run(self) -> None:
+        """Fetch until stopped; on fencing or an aborted transaction, drop all and rejoin."""
+        while not self.stop:
+            try:
+                asyncio.run(self._session())
+            except (FencedError, TxnAbortedError) as exc:
+                log.warning("fetch %s lost its transaction, rejoining: %s", self.worker, exc)
+                self.status.add("fenced")
+        self.status.remove()
+
+    async def _session(self) -> None:
+        await _Session(self).run()
+
+
+class _Session:
+    """One membership of the group: clients, in-memory state, all dropped together."""
+
+    def __init__(self, stage: FetchStage) -> None:
+        self.st = stage
+        self.s = stage.s
+        self.enc = stage.encoder
+        self.status = stage.status
+        self.lock = threading.Lock()
+        self.kx = ThreadPoolExecutor(1, thread_name_prefix="kafka")
+        self.sched: TargetScheduler[Pending] = TargetScheduler(self._base_interval)
+        self.seen = SeenStore()
+        self.trackers: dict[TP, OffsetTracker] = {}
+        self.epochs: dict[TP, int] = {}
+        self.completed: list[Output] = []
+        self.inflight_keys: set[str] = set()
+        self.robots: dict[str, RobotsRules] = {}
+        self.robots_expiry: dict[str, float] = {}
+        self.robots_pending: dict[str, asyncio.Future[RobotsRules]] = {}
+        self.running = 0
+        self.paused = False
+        self.wake = asyncio.Event()
+        self.loop = asyncio.get_running_loop()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.consumer: Consumer | None = None
+        self.committer: TxnCommitter | None = None
+
+    # --- Kafka thread -------------------------------------------------------------------
+
+    async def _kafka(self, fn: Callable[..., R], *args: Any) -> R:
+        return await self.loop.run_in_executor(self.kx, fn, *args)
+
+    def _setup(self) -> None:
+        group = self.st.topology.group("fetch")
+        self.committer = TxnCommitter(self.s, f"{group}-{self.st.worker}", self.st.worker)
+        self.consumer = Consumer(consumer_conf(self.s, group, self.st.worker))
+        self.consumer.subscribe([self.st.topology.frontier_high, self.st.topology.frontier],
+                                on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_revoke)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        parts = sorted({p.partition for p in partitions})
+        n = self.seen.restore(self.s, self.st.topology.seen, parts, self.enc.codec)
+        self.status.add("seen_restored", n)
+        with self.lock:
+            for p in partitions:
+                tp = (p.topic, p.partition)
+                self.trackers[tp] = OffsetTracker()
+                self.epochs[tp] = self.epochs.get(tp, 0) + 1
+        if self.paused:  # pause state does not survive a rebalance
+            consumer.pause(partitions)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        try:
+            self._commit()  # hand over finished work before the partitions move
+        except CrawlfleetError as exc:
+            log.warning("commit on revoke failed (work will be redone): %s", exc)
+        with self.lock:
+            for p in partitions:
+                tp = (p.topic, p.partition)
+                self.trackers.pop(tp, None)
+                self.epochs[tp] = self.epochs.get(tp, 0) + 1
+            owned = {tp[1] for tp in self.trackers}
+        for part in self.seen.partitions() - owned:
+            self.seen.drop(part)
+        self.loop.call_soon_threadsafe(self._drop_stale)
+
+    def _commit(self) -> None:
+        assert self.consumer is not None and self.committer is not None
+        positions = self.consumer.position(self.consumer.assignment())
+        with self.lock:
+            for pos in positions:
+                tracker = self.trackers.get((pos.topic, pos.partition))
+                if tracker is not None and pos.offset >= 0:
+                    tracker.advance_to(pos.offset)
+            outputs, self.completed = self.completed, []
+            points = {tp: t.commit_point() for tp, t in self.trackers.items()}
+        offsets = [TopicPartition(t, p, o) for (t, p), o in points.items() if o is not None]
+        if not outputs and not offsets:
+            return
+        self.committer.commit(self.consumer, outputs, offsets)
+        with self.lock:
+            for tp_ in offsets:
+                tracker = self.trackers.get((tp_.topic, tp_.partition))
+                if tracker is not None:
+                    tracker.committed(tp_.offset)
+        self.status.add("committed_txns")
+        self.status.add("produced", len(outputs))
+
+    def _poll(self, timeout: float) -> list[Message]:
+        assert self.consumer is not None
+        buffered = len(self.sched) + self.running
+        if not self.paused and buffered >= self.s.max_buffered:
+            self.consumer.pause(self.consumer.assignment())
+            self.paused = True
+        elif self.paused and buffered < self.s.max_buffered // 2:
+            self.consumer.resume(self.consumer.assignment())
+            self.paused = False
+        msgs: list[Message] = self.consumer.consume(500, timeout)
+        return msgs
+
+    # --- event loop ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self._kafka(self._setup)
+        try:
+            async with Fetcher(self.s) as fetcher:
+                self.fetcher = fetcher
+                dispatcher = asyncio.create_task(self._dispatch_loop())
+                try:
+                    await self._main_loop()
+                finally:
+                    dispatcher.cancel()
+                    for t in list(self.tasks):
+                        t.cancel()
+                    await asyncio.gather(dispatcher, *self.tasks, return_exceptions=True)
+        finally:
+            await self._kafka(self._teardown)
+            self.kx.shutdown(wait=True)
+
+    def _teardown(self) -> None:
+        if self.consumer is not None:
+            if self.st.stop and self.committer is not None:
+                try:
+                    self._commit()  # graceful stop: finished work is not redone
+                except CrawlfleetError as exc:
+                    log.warning("final commit failed: %s", exc)
+            self.consumer.close()
+        if self.committer is not None:
+            self.committer.close()
+
+    async def _main_loop(self) -> None:
+        last_commit = time.monotonic()
+        while not self.st.stop:
+            msgs = await self._kafka(self._poll, 0.05 if self.running else 0.2)
+            if msgs:
+                self._admit(msgs)
+            now = time.monotonic()
+            if now - last_commit >= self.s.commit_interval_s:
+                await self._kafka(self._commit)
+                last_commit = now
+            self._report()
+
+    def _report(self) -> None:
+        self.status.gauges.update(inflight=self.running, queued=len(self.sched),
+                                  seen_keys=len(self.seen), paused=int(self.paused))
+        if self.running or len(self.sched):
+            self.status.add("busy_ticks")
+        self.status.write()
+
+    def _admit(self, msgs: list[Message]) -> None:
+        now = time.monotonic()
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consume error: %s", err)
+                continue
+            tp = (msg.topic(), msg.partition())
+            with self.lock:
+                tracker = self.trackers.get(tp)
+                if tracker is None:
+                    continue  # revoked between fetch and delivery
+                tracker.start(msg.offset())
+                epoch = self.epochs[tp]
+            self.status.add("consumed")
+            try:
+                job = self.enc.decode("CrawlJob", msg)
+                job["url"] = canonicalize(job["url"])
+            except DecodeError as exc:
+                self._finish_raw(tp, msg.offset(), epoch, [self.enc.undecodable(msg, exc)])
+                continue
+            except InvalidURLError as exc:
+                self._finish_raw(tp, msg.offset(), epoch, [
+                    self.enc.dead(job, None, msg.topic(), exc.reason, str(exc), job["attempt"])])
+                continue
+            pj = Pending(tp, msg.offset(), epoch, job, dedupe_key(job["profile"], job["url"]))
+            if self._is_duplicate(pj):
+                self.status.add("skipped_seen")
+                self._finish(pj, [], None)
+                continue
+            self.inflight_keys.add(pj.key)
+            self.sched.push(job["target"], pj, now)
+        self.wake.set()
+
+    def _is_duplicate(self, pj: Pending) -> bool:
+        if pj.key in self.inflight_keys:
+            return True
+        state = self.seen.get(pj.tp[1], pj.key)
+        if state is None:
+            return False
+        return state[0] != RETRYING or state[1] != pj.job["attempt"]
+
+    def _base_interval(self, target: str) -> float:
+        return 1.0 / self.s.cap_for(target)
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            now = time.monotonic()
+            free = self.s.max_inflight - self.running
+            if free > 0:
+                for _, pj in self.sched.pop_ready(now, free):
+                    if self.epochs.get(pj.tp) != pj.epoch:
+                        self.inflight_keys.discard(pj.key)
+                        continue  # partition moved away: the new owner redoes it
+                    self.running += 1
+                    task = asyncio.create_task(self._fetch(pj))
+                    self.tasks.add(task)
+                    task.add_done_callback(self.tasks.discard)
+            due = self.sched.next_due()
+            timeout = None if due is None or self.running >= self.s.max_inflight \
+                else max(0.0, due - time.monotonic())
+            self.wake.clear()
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout)
+            except TimeoutError:
+                pass
+
+    def _drop_stale(self) -> None:
+        """Forget queued jobs of partitions this worker no longer owns."""
+        def keep(pj: Pending) -> bool:
+            if self.epochs.get(pj.tp) == pj.epoch:
+                return True
+            self.inflight_keys.discard(pj.key)
+            return False
+        self.sched.drop(keep)
+
+    # --- one job ------------------------------------------------------------------------
+
+    async def _fetch(self, pj: Pending) -> None:
+        job = pj.job
+        outputs: list[Output] = []
+        seen_state: tuple[str, int] | None = None
+        started = time.monotonic()
+        try:
+            rules = await self._robots_for(job["url"], job["target"])
+            if rules is None:  # this slot was spent on robots.txt: go again later
+                self.sched.push_front(job["target"], pj, time.monotonic())
+                return
+            if rules.unreachable:
+                outputs, seen_state = self._retry_or_dead(pj, "robots_unreachable",
+                                                          UNREACHABLE_RETRY_S, 0, started)
+            elif not rules.allows(job["url"], self.s.robots_agent):
+                raise RobotsDisallowedError(f"robots.txt disallows {job['url']}")
+            else:
+                resp = await self.fetcher.get(job["url"])
+                outputs, seen_state = self._on_response(pj, resp, started)
+        except CrawlfleetError as exc:
+            if exc.retryable:
+                outputs, seen_state = self._retry_or_dead(pj, exc.reason, 0.0, 0, started,
+                                                          str(exc))
+            else:
+                outputs, seen_state = self._dead(pj, exc.reason, str(exc), 0, started)
+        finally:
+            self.running -= 1
+            self.wake.set()
+        self._finish(pj, outputs, seen_state)
+
+    def _on_response(self, pj: Pending, resp: Response,
+                     started: float) -> tuple[list[Output], tuple[str, int]]:
+        job = pj.job
+        outcome = classify_status(resp.status, resp.retry_after, job["attempt"])
+        if outcome.wait_s > 0 and (outcome.pushback or outcome.verdict is Verdict.RETRY):
+            self.sched.defer(job["target"], time.monotonic() + outcome.wait_s)
+            self.status.add("deferrals")
+        if outcome.verdict is Verdict.STORE:
+            result = self.enc.record(self.st.topology.fetched, "FetchResult", job["target"],
+                                     pj.key.encode(), {
+                "job": job, "final_url": resp.url, "status": resp.status,
+                "content_type": resp.content_type, "body": resp.body,
+                "fetched_at_ms": int(time.time() * 1000), "elapsed_ms": resp.elapsed_ms,
+                "redirects": resp.redirects, "worker": self.st.worker})
+            self.status.add("fetched")
+            return [result, self._event(pj, resp.status, "ok", outcome.reason, started,
+                                        len(resp.body))], (DONE, job["attempt"])
+        if outcome.verdict is Verdict.RETRY:
+            return self._retry_or_dead(pj, outcome.reason, outcome.wait_s, resp.status, started)
+        return self._dead(pj, outcome.reason, f"HTTP {resp.status} from {resp.url}",
+                          resp.status, started)
+
+    def _retry_or_dead(self, pj: Pending, reason: str, wait_s: float, status: int,
+                       started: float, error: str = "") -> tuple[list[Output], tuple[str, int]]:
+        job = pj.job
+        attempt = job["attempt"] + 1
+        if attempt >= self.s.max_attempts:
+            return self._dead(pj, reason, error or f"gave up after {attempt} attempts",
+                              status, started)
+        tier = self.st.topology.retry_tier_for(wait_s)
+        again = {**job, "attempt": attempt, "last_error": reason,
+                 "delay_ms": int(max(wait_s, tier) * 1000)}
+        self.status.add("retries")
+        return [self.enc.job(self.st.topology.retry(tier), again),
+                self._event(pj, status, "retry", reason, started, 0)], (RETRYING, attempt)
+
+    def _dead(self, pj: Pending, reason: str, error: str, status: int,
+              started: float) -> tuple[list[Output], tuple[str, int]]:
+        job = pj.job
+        self.status.add("dead")
+        return [self.enc.dead(job, None, pj.tp[0], reason, error, job["attempt"] + 1),
+                self._event(pj, status, "dead", reason, started, 0)], (DEAD, job["attempt"])
+
+    def _event(self, pj: Pending, status: int, outcome: str, reason: str, started: float,
+               size: int) -> Output:
+        job = pj.job
+        return self.enc.record(self.st.topology.telemetry, "FetchEvent", job["target"],
+                               pj.key.encode(), {
+            "url": job["url"], "target": job["target"], "profile": job["profile"],
+            "attempt": job["attempt"], "status": status, "outcome": outcome, "reason": reason,
+            "elapsed_ms": int((time.monotonic() - started) * 1000), "bytes": size,
+            "worker": self.st.worker, "fetcher_version": FETCHER_VERSION,
+            "http_version": HTTP_LIB_VERSION, "tls_version": TLS_LIB_VERSION,
+            "profile_bundle_version": self.s.profile_bundle_version,
+            "code_revision": self.s.code_revision, "ts_ms": int(time.time() * 1000)})
+
+    def _finish(self, pj: Pending, outputs: list[Output],
+                seen_state: tuple[str, int] | None) -> None:
+        self.inflight_keys.discard(pj.key)
+        if seen_state is not None:
+            state, attempt = seen_state
+            outputs = [*outputs, self.enc.record(self.st.topology.seen, "Seen", pj.job["target"],
+                                                 pj.key.encode(), {"state": state,
+                                                                   "attempt": attempt,
+                                                                   "status": 0})]
+        with self.lock:
+            if self.epochs.get(pj.tp) != pj.epoch:
+                return  # partition moved while we worked: drop, the new owner redoes it
+            if seen_state is not None:
+                self.seen.put(pj.tp[1], pj.key, *seen_state)
+            self.completed.extend(outputs)
+            tracker = self.trackers.get(pj.tp)
+            if tracker is not None:
+                tracker.done(pj.offset)
+
+    def _finish_raw(self, tp: TP, offset: int, epoch: int, outputs: list[Output]) -> None:
+        with self.lock:
+            if self.epochs.get(tp) != epoch:
+                return
+            self.completed.extend(outputs)
+            tracker = self.trackers.get(tp)
+            if tracker is not None:
+                tracker.done(offset)
+        self.status.add("dead")
+
+    # --- robots.txt ---------------------------------------------------------------------
+
+    async def _robots_for(self, url: str, target: str) -> RobotsRules | None:
+        """Cached rules for the URL's origin; None means "fetched them just now, requeue"."""
+        parts = urlsplit(url)
+        origin = f"{parts.scheme}://{parts.netloc}"
+        now = time.monotonic()
+        rules = self.robots.get(origin)
+        if rules is not None and self.robots_expiry.get(origin, 0) > now:
+            return rules
+        pending = self.robots_pending.get(origin)
+        if pending is not None:
+            await asyncio.shield(pending)
+            return None
+        fut: asyncio.Future[RobotsRules] = self.loop.create_future()
+        self.robots_pending[origin] = fut
+        try:
+            rules = await self._fetch_robots(origin)
+            self.robots[origin] = rules
+            ttl = UNREACHABLE_RETRY_S if rules.unreachable else self.s.robots_ttl_s
+            self.robots_expiry[origin] = time.monotonic() + ttl
+            interval = max(1.0 / self.s.cap_for(target), rules.min_interval_s)
+            self.sched.set_interval(target, interval)
+            fut.set_result(rules)
+        finally:
+            del self.robots_pending[origin]
+            if not fut.done():
+                fut.cancel()
+        self.status.add("robots_fetched")
+        return None
+
+    async def _fetch_robots(self, origin: str) -> RobotsRules:
+        try:
+            resp = await self.fetcher.get(origin + "/robots.txt", max_bytes=512 * 1024)
+        except (CrawlfleetError, aiohttp.ClientError):
+            return rules_from_response(None, b"", self.s.robots_agent)
+        return rules_from_response(resp.status, resp.body, self.s.robots_agent)

@@ -1,0 +1,97 @@
+"""Parse stage: FetchResult → ParsedPage for the store, discovered links back to the frontier.
+
+Links pass the scope rules and a per-worker recently-emitted filter before they are
+published; the authoritative dedupe is the fetch stage's seen store, which owns the
+target's partition.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from confluent_kafka import Message
+
+from consumers.batch_stage import BatchStage
+from consumers.html import extract
+from consumers.runtime import Output, job_key
+from consumers.scope import follow
+from crawlfleet.urls import dedupe_key, target_of
+
+
+class RecentSet:
+    """A bounded set of recently emitted keys (LRU): cuts repeat links without growing."""
+
+    def __init__(self, capacity: int = 200_000) -> None:
+        self._items: OrderedDict[str, None] = OrderedDict()
+        self._capacity = capacity
+
+    def add(self, key: str) -> bool:
+        """Add ``key``; False if it was already present."""
+        if key in self._items:
+            self._items.move_to_end(key)
+            return False
+        self._items[key] = None
+        if len(self._items) > self._capacity:
+            self._items.popitem(last=False)
+        return True
+
+
+class ParseStage(BatchStage):
+    stage = "parse"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._recent = RecentSet()
+
+    def input_topics(self) -> list[str]:
+        return [self.topology.fetched]
+
+    def handle(self, msg: Message) -> list[Output]:
+        result = self.encoder.decode("FetchResult", msg)
+        job = result["job"]
+        ok = 200 <= result["status"] <= 299
+        page = extract(result["body"], result["final_url"], result["content_type"]) if ok \
+            else None
+        links = page.links if page else []
+        outputs = [self._page_output(result, page.title if page else "",
+                                     page.text if page else "", links)]
+        outputs.extend(self._link_jobs(job, links))
+        self.status.add("pages")
+        return outputs
+
+    def _page_output(self, result: dict[str, Any], title: str, text: str,
+                     links: list[str]) -> Output:
+        job = result["job"]
+        key = dedupe_key(job["profile"], job["url"])
+        return self.encoder.record(self.topology.parsed, "ParsedPage", job["target"],
+                                   key.encode(), {
+            "dedupe_key": key, "url": job["url"], "final_url": result["final_url"],
+            "target": job["target"], "profile": job["profile"], "depth": job["depth"],
+            "status": result["status"], "content_type": result["content_type"],
+            "title": title, "text": text, "links": links, "body_bytes": len(result["body"]),
+            "fetched_at_ms": result["fetched_at_ms"], "fetch_worker": result["worker"],
+            "parse_worker": self.worker})
+
+    def _link_jobs(self, job: dict[str, Any], links: list[str]) -> list[Output]:
+        s = self.settings
+        out = []
+        for link in links:
+            if not follow(link, job["target"], job["depth"], scope=s.scope,
+                          max_depth=s.max_depth, target_mode=s.target_mode):
+                continue
+            if not self._recent.add(dedupe_key(job["profile"], link)):
+                continue
+            target = target_of(link, s.target_mode)
+            child = {"url": link, "target": target, "profile": job["profile"],
+                     "depth": job["depth"] + 1, "attempt": 0, "parent_url": job["url"],
+                     "last_error": None, "priority": job.get("priority", 0),
+                     "meta": job.get("meta") or {}, "delay_ms": 0}
+            topic = self.topology.frontier_high if child["priority"] > 0 \
+                else self.topology.frontier
+            out.append(self.encoder.job(topic, child))
+        self.status.add("links", len(out))
+        return out
+
+
+__all__ = ["ParseStage", "RecentSet", "job_key"]

@@ -1,0 +1,53 @@
+"""robots.txt decisions (RFC 9309), cached per target with a TTL.
+
+2xx: parse the rules; 4xx: no rules, allow all; 5xx, timeout or connection failure: the
+site is unreachable, so disallow for now and try again later. Crawl-delay and Request-rate
+are honoured by turning them into a minimum interval between requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protego import Protego
+
+UNREACHABLE_RETRY_S = 60.0
+MAX_ROBOTS_BYTES = 512 * 1024  # RFC 9309 asks crawlers to parse at least 500 KiB
+
+
+@dataclass(frozen=True)
+class RobotsRules:
+    """What robots.txt says for one target, for our agent."""
+
+    parser: Protego | None  # None: no rules (allow all) or unreachable (see ``unreachable``)
+    unreachable: bool = False
+    min_interval_s: float = 0.0
+
+    def allows(self, url: str, agent: str) -> bool:
+        if self.unreachable:
+            return False
+        return self.parser is None or bool(self.parser.can_fetch(url, agent))
+
+
+def rules_from_response(status: int | None, body: bytes, agent: str) -> RobotsRules:
+    """Turn the robots.txt fetch result into rules (``status`` None = no answer)."""
+    if status is None or status >= 500 or status == 429:
+        return RobotsRules(None, unreachable=True)
+    if 400 <= status <= 499:
+        return RobotsRules(None)
+    if 200 <= status <= 299:
+        text = body[:MAX_ROBOTS_BYTES].decode("utf-8", "replace")
+        parser = Protego.parse(text)
+        return RobotsRules(parser, min_interval_s=_min_interval(parser, agent))
+    return RobotsRules(None)  # 1xx/3xx after redirects exhausted: treat as no rules
+
+
+def _min_interval(parser: Protego, agent: str) -> float:
+    interval = 0.0
+    delay = parser.crawl_delay(agent)
+    if delay:
+        interval = float(delay)
+    rate = parser.request_rate(agent)
+    if rate and rate.requests:
+        interval = max(interval, rate.seconds / rate.requests)
+    return interval

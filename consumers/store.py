@@ -1,0 +1,163 @@
+"""Store stage: parsed pages, telemetry and dead letters → ClickHouse, idempotently.
+
+Each batch is inserted with an ``insert_deduplication_token`` derived from the input
+offset ranges, and offsets are committed only after the insert returns. A crash between
+the two replays the batch: the same token is dropped by ClickHouse, and a differently cut
+batch collapses in the ReplacingMergeTree (readers use FINAL views).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from consumers.runtime import StatusFile, StopFlag, consumer_conf, topology_of, worker_name
+from crawlfleet.config import Settings
+from crawlfleet.errors import DecodeError
+from infra.clickhouse import DEAD_COLUMNS, EVENT_COLUMNS, PAGE_COLUMNS, QueryServer, Store
+from schemas.codec import default_codec
+
+log = logging.getLogger("crawlfleet.store")
+
+
+def _ts(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000.0, tz=UTC)
+
+
+def page_row(p: dict[str, Any]) -> tuple[Any, ...]:
+    return (p["dedupe_key"], p["url"], p["final_url"], p["target"], p["profile"],
+            min(p["depth"], 65535), p["status"], p["content_type"], p["title"], p["text"],
+            p["links"], p["body_bytes"], _fetched_at(p["fetched_at_ms"]), p["fetch_worker"],
+            p["parse_worker"])
+
+
+def _fetched_at(v: Any) -> datetime:
+    return v if isinstance(v, datetime) else _ts(int(v))
+
+
+def event_row(event_id: str, e: dict[str, Any]) -> tuple[Any, ...]:
+    return (event_id, _fetched_at(e["ts_ms"]), e["url"], e["target"], e["profile"],
+            e["attempt"], e["status"], e["outcome"], e["reason"], e["elapsed_ms"], e["bytes"],
+            e["worker"], e["fetcher_version"], e["http_version"], e["tls_version"],
+            e["profile_bundle_version"], e["code_revision"])
+
+
+def dead_row(event_id: str, d: dict[str, Any]) -> tuple[Any, ...]:
+    job = d.get("job") or {}
+    raw = d.get("raw")
+    return (event_id, _fetched_at(d["failed_at_ms"]), job.get("url", ""), job.get("target", ""),
+            job.get("profile", ""), d["source_topic"], d["reason"], d["error"], d["attempts"],
+            d["worker"], d["version"], raw.hex()[:4096] if raw else "")
+
+
+class StoreStage:
+    stage = "store"
+
+    def __init__(self, settings: Settings, worker_id: str | None = None,
+                 stop: StopFlag | None = None) -> None:
+        self.s = settings
+        self.topology = topology_of(settings)
+        self.worker = worker_name(self.stage, worker_id)
+        self.stop = stop or StopFlag()
+        self.codec = default_codec()
+        self.status = StatusFile(settings.status_dir, self.stage, self.worker)
+        self.store = Store(settings)
+        self.store.ensure_schema()
+        self._committed: dict[tuple[str, int], int] = {}
+
+    def run(self) -> None:
+        server = QueryServer(self.store, self.s.clickhouse_path) if self.store.embedded else None
+        if server:
+            server.start()
+        group = self.topology.group("store")
+        consumer = Consumer(consumer_conf(self.s, group, self.worker))
+        consumer.subscribe([self.topology.parsed, self.topology.telemetry, self.topology.dead],
+                           on_assign=lambda *_: self._committed.clear())
+        try:
+            while not self.stop:
+                batch = self._collect(consumer)
+                offsets = self._write(batch) if batch else {}
+                self._commit(consumer, offsets)
+                self.status.write()
+        finally:
+            consumer.close()
+            if server:
+                server.stop()
+            self.store.close()
+            self.status.remove()
+
+    def _collect(self, consumer: Consumer) -> list[Message]:
+        batch: list[Message] = []
+        deadline = time.monotonic() + self.s.store_batch_wait_s
+        while len(batch) < self.s.store_batch_rows and not self.stop:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for msg in consumer.consume(min(1000, self.s.store_batch_rows - len(batch)),
+                                        min(left, 0.2)):
+                err = msg.error()
+                if err is None:
+                    batch.append(msg)
+                elif err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("store consume error: %s", err)
+            if not batch:
+                deadline = time.monotonic() + self.s.store_batch_wait_s
+                self.status.write()
+        return batch
+
+    def _commit(self, consumer: Consumer, offsets: dict[tuple[str, int], int]) -> None:
+        """Commit what was written, and positions past transaction markers when idle."""
+        for pos in consumer.position(consumer.assignment()):
+            key = (pos.topic, pos.partition)
+            if pos.offset > offsets.get(key, -1):
+                offsets[key] = pos.offset
+        changed = {k: o for k, o in offsets.items() if self._committed.get(k) != o}
+        if not changed:
+            return
+        try:
+            consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in changed.items()],
+                            asynchronous=False)
+            self._committed.update(changed)
+        except KafkaException as exc:  # rebalanced meanwhile: the batch will be replayed
+            log.warning("store offset commit failed, batch will be replayed: %s", exc)
+
+    def _write(self, batch: list[Message]) -> dict[tuple[str, int], int]:
+        rows: dict[str, list[tuple[Any, ...]]] = {"pages": [], "fetch_events": [],
+                                                  "dead_letters": []}
+        ranges: dict[tuple[str, int], list[int]] = {}
+        for msg in batch:
+            r = ranges.setdefault((msg.topic(), msg.partition()), [msg.offset(), msg.offset()])
+            r[1] = max(r[1], msg.offset())
+            r[0] = min(r[0], msg.offset())
+            event_id = f"{msg.topic()}:{msg.partition()}:{msg.offset()}"
+            try:
+                self._route(msg, event_id, rows)
+            except DecodeError as exc:
+                rows["dead_letters"].append((event_id, datetime.now(UTC), "", "", "",
+                                             msg.topic(), exc.reason, str(exc), 1, self.worker,
+                                             "", (msg.value() or b"").hex()[:4096]))
+        token = ",".join(f"{t}:{p}:{a}-{b}" for (t, p), (a, b) in sorted(ranges.items()))
+        columns: dict[str, Sequence[str]] = {"pages": PAGE_COLUMNS,
+                                             "fetch_events": EVENT_COLUMNS,
+                                             "dead_letters": DEAD_COLUMNS}
+        for table, table_rows in rows.items():
+            self.store.insert(table, columns[table], table_rows, f"{table}|{token}")
+            self.status.add(f"stored_{table}", len(table_rows))
+        return {tp: b + 1 for tp, (_, b) in ranges.items()}
+
+    def _route(self, msg: Message, event_id: str, rows: dict[str, list[tuple[Any, ...]]]) -> None:
+        topic = msg.topic()
+        if topic == self.topology.parsed:
+            rows["pages"].append(page_row(self.codec.decode("ParsedPage", msg.value(),
+                                                            msg.headers())))
+        elif topic == self.topology.telemetry:
+            rows["fetch_events"].append(event_row(event_id, self.codec.decode(
+                "FetchEvent", msg.value(), msg.headers())))
+        else:
+            rows["dead_letters"].append(dead_row(event_id, self.codec.decode(
+                "DeadLetter", msg.value(), msg.headers())))

@@ -1,0 +1,319 @@
+"""The ``crawlfleet`` command line: local infra, topics, publishing, workers, crawl, SQL."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from crawlfleet.config import Settings, load_settings
+from crawlfleet.errors import CrawlfleetError
+
+app = typer.Typer(help="crawlfleet: a polite, fault-tolerant, distributed crawler on Kafka.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+kafka_app = typer.Typer(help="Run a local Apache Kafka (KRaft) from Maven Central jars.",
+                        no_args_is_help=True)
+topics_app = typer.Typer(help="Provision the crawl topics.", no_args_is_help=True)
+app.add_typer(kafka_app, name="kafka")
+app.add_typer(topics_app, name="topics")
+console = Console()
+err_console = Console(stderr=True)
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML settings file.")]
+BootstrapOpt = Annotated[str | None, typer.Option(
+    "--bootstrap", help="Kafka bootstrap servers [env CRAWLFLEET_BOOTSTRAP_SERVERS].")]
+ClickhouseOpt = Annotated[str | None, typer.Option(
+    "--clickhouse", help="ClickHouse DSN; default: embedded chDB [env CRAWLFLEET_CLICKHOUSE_DSN].")]
+DataDirOpt = Annotated[Path | None, typer.Option(
+    "--data-dir", help="Local state: chDB store, logs, status [env CRAWLFLEET_DATA_DIR].")]
+PrefixOpt = Annotated[str | None, typer.Option(
+    "--topic-prefix", help="Namespace of topics and groups [env CRAWLFLEET_TOPIC_PREFIX].")]
+
+
+def _settings(config: Path | None, **overrides: Any) -> Settings:
+    if overrides.get("clickhouse") is not None:
+        overrides["clickhouse_dsn"] = overrides.pop("clickhouse")
+    overrides.pop("clickhouse", None)
+    if overrides.get("bootstrap") is not None:
+        overrides["bootstrap_servers"] = overrides.pop("bootstrap")
+    overrides.pop("bootstrap", None)
+    return load_settings(config, **overrides)
+
+
+def _fail(exc: CrawlfleetError) -> None:
+    err_console.print(f"[red]error:[/red] {exc}")
+    raise typer.Exit(2)
+
+
+# --- kafka ---------------------------------------------------------------------------------
+
+
+@kafka_app.command("up")
+def kafka_up(nodes: Annotated[int, typer.Option(help="1 or 3 nodes.")] = 1,
+             dir: Annotated[Path | None, typer.Option(help="Kafka home (jars, data).")] = None,
+             heap_mb: Annotated[int, typer.Option(help="Heap per node.")] = 512) -> None:
+    """Start the local broker(s); idempotent. Prints the bootstrap servers."""
+    from infra import kafka_local
+    try:
+        console.print(kafka_local.up(nodes=nodes, base_dir=dir, heap_mb=heap_mb))
+    except CrawlfleetError as exc:
+        _fail(exc)
+
+
+@kafka_app.command("status")
+def kafka_status(dir: Annotated[Path | None, typer.Option(help="Kafka home.")] = None) -> None:
+    """Show the local nodes and whether they run."""
+    from infra import kafka_local
+    st = kafka_local.status(dir)
+    if not st.nodes:
+        console.print("no local Kafka set up here")
+        raise typer.Exit(1)
+    for n in st.nodes:
+        state = "running" if n.running else "stopped"
+        console.print(f"node {n.node_id}: {state} pid={n.pid} port={n.broker_port}")
+    console.print(f"bootstrap: {st.bootstrap_servers}")
+    if not st.running:
+        raise typer.Exit(1)
+
+
+@kafka_app.command("down")
+def kafka_down(dir: Annotated[Path | None, typer.Option(help="Kafka home.")] = None) -> None:
+    """Stop the nodes `up` started (data and jars are kept)."""
+    from infra import kafka_local
+    try:
+        kafka_local.down(dir)
+    except CrawlfleetError as exc:
+        _fail(exc)
+    console.print("stopped")
+
+
+# --- topics --------------------------------------------------------------------------------
+
+
+@topics_app.command("create")
+def topics_create(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
+                  topic_prefix: PrefixOpt = None,
+                  partitions: Annotated[int | None, typer.Option()] = None,
+                  replication: Annotated[int | None, typer.Option()] = None) -> None:
+    """Create every crawl topic that does not exist yet (idempotent)."""
+    from crawlfleet.crawl import resolve_bootstrap
+    from infra.topics import create_topics
+    try:
+        s = resolve_bootstrap(_settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix,
+                                        partitions=partitions, replication=replication), False)
+        for name, state in sorted(create_topics(s).items()):
+            console.print(f"{state:8} {name}")
+    except CrawlfleetError as exc:
+        _fail(exc)
+
+
+# --- publish -------------------------------------------------------------------------------
+
+
+@app.command("publish")
+def publish_cmd(source: Annotated[str, typer.Argument(help="File of URLs / JSON lines, or -.")],
+                config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
+                topic_prefix: PrefixOpt = None) -> None:
+    """Publish seeds to the frontier; bad lines are reported, good ones still go through."""
+    from crawlfleet.crawl import resolve_bootstrap
+    from producers.frontier import publish
+    try:
+        s = resolve_bootstrap(_settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix),
+                              False)
+        if source == "-":
+            report = publish(sys.stdin, s)
+        else:
+            with open(source, encoding="utf-8", errors="replace") as fh:
+                report = publish(fh, s)
+    except OSError as exc:
+        err_console.print(f"[red]error:[/red] cannot read {source}: {exc}")
+        raise typer.Exit(2) from exc
+    except CrawlfleetError as exc:
+        _fail(exc)
+        return
+    for line, reason in report.errors:
+        err_console.print(f"line {line}: {reason}")
+    console.print(f"published {report.published}, duplicates dropped {report.duplicates}, "
+                  f"bad lines {len(report.errors)}")
+    if report.errors and not report.published:
+        raise typer.Exit(1)
+
+
+# --- workers -------------------------------------------------------------------------------
+
+
+@app.command("worker")
+def worker_cmd(stage: Annotated[str, typer.Argument(help="fetch | parse | store | retry")],
+               config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
+               clickhouse: ClickhouseOpt = None, data_dir: DataDirOpt = None,
+               topic_prefix: PrefixOpt = None,
+               worker_id: Annotated[str | None, typer.Option(
+                   help="Stable id: a restarted worker with the same id fences its old self."
+               )] = None,
+               allow_private: Annotated[bool | None, typer.Option(
+                   "--allow-private/--no-allow-private",
+                   help="Allow private/loopback/link-local targets.")] = None,
+               rate_cap: Annotated[float | None, typer.Option(
+                   help="Requests per second per target.")] = None) -> None:
+    """Run one stage worker until SIGTERM (then leave the group cleanly)."""
+    from consumers.runtime import StopFlag
+    from crawlfleet.crawl import resolve_bootstrap
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        s = resolve_bootstrap(_settings(config, bootstrap=bootstrap, clickhouse=clickhouse,
+                                        data_dir=data_dir, topic_prefix=topic_prefix,
+                                        allow_private=allow_private, rate_cap=rate_cap), False)
+        stop = StopFlag().install()
+        runner = _stage(stage, s, worker_id, stop)
+        runner.run()
+    except CrawlfleetError as exc:
+        _fail(exc)
+
+
+def _stage(stage: str, s: Settings, worker_id: str | None, stop: Any) -> Any:
+    if stage == "fetch":
+        from consumers.fetch import FetchStage
+        return FetchStage(s, worker_id, stop)
+    if stage == "parse":
+        from consumers.parse import ParseStage
+        return ParseStage(s, worker_id, stop)
+    if stage == "store":
+        from consumers.store import StoreStage
+        return StoreStage(s, worker_id, stop)
+    if stage == "retry":
+        from consumers.retry import RetryStage
+        return RetryStage(s, worker_id, stop)
+    err_console.print(f"[red]error:[/red] unknown stage {stage!r}: fetch, parse, store, retry")
+    raise typer.Exit(2)
+
+
+# --- crawl ---------------------------------------------------------------------------------
+
+
+@app.command("crawl")
+def crawl_cmd(seeds: Annotated[str, typer.Argument(help="File of seed URLs / JSON lines, or -.")],
+              config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
+              clickhouse: ClickhouseOpt = None, data_dir: DataDirOpt = None,
+              topic_prefix: PrefixOpt = None,
+              allow_private: Annotated[bool, typer.Option(
+                  "--allow-private", help="Allow private/loopback targets (demo, tests).")] = False,
+              rate_cap: Annotated[float | None, typer.Option(
+                  help="Requests per second per target.")] = None,
+              max_depth: Annotated[int | None, typer.Option(help="Link depth limit.")] = None,
+              fetch_workers: Annotated[int, typer.Option()] = 1,
+              parse_workers: Annotated[int, typer.Option()] = 1,
+              timeout: Annotated[float | None, typer.Option(help="Give up after seconds.")] = None,
+              summary_json: Annotated[Path | None, typer.Option(
+                  help="Also write the summary as JSON here.")] = None) -> None:
+    """Crawl from SEEDS with every stage as its own process; stop when drained."""
+    from crawlfleet import crawl
+    try:
+        s = _settings(config, bootstrap=bootstrap, clickhouse=clickhouse, data_dir=data_dir,
+                      topic_prefix=topic_prefix, allow_private=allow_private or None,
+                      rate_cap=rate_cap, max_depth=max_depth)
+        plan = crawl.Plan(fetch_workers=fetch_workers, parse_workers=parse_workers)
+        lines = sys.stdin.readlines() if seeds == "-" else \
+            Path(seeds).read_text(encoding="utf-8", errors="replace").splitlines()
+        summary = crawl.run_crawl(s, lines, plan, console=err_console, timeout_s=timeout)
+    except OSError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    except CrawlfleetError as exc:
+        _fail(exc)
+        return
+    crawl.print_summary(summary, console)
+    if summary_json:
+        crawl.summary_json(summary, summary_json)
+    if not summary.drained:
+        raise typer.Exit(1)
+
+
+# --- sql -----------------------------------------------------------------------------------
+
+
+@app.command("sql")
+def sql_cmd(query: Annotated[str, typer.Argument(help="SQL, e.g. 'SELECT * FROM pages_v'")],
+            config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
+            data_dir: DataDirOpt = None,
+            format: Annotated[str, typer.Option(help="table | tsv | json")] = "table") -> None:
+    """Query the crawl store (while a crawl runs, through its store process)."""
+    import json as _json
+
+    from infra.clickhouse import run_query
+    try:
+        cols, rows = run_query(_settings(config, clickhouse=clickhouse, data_dir=data_dir), query)
+    except CrawlfleetError as exc:
+        _fail(exc)
+        return
+    if format == "json":
+        console.print_json(_json.dumps([dict(zip(cols, r, strict=True)) for r in rows],
+                                       default=str))
+    elif format == "tsv":
+        sys.stdout.write("\t".join(cols) + "\n")
+        for r in rows:
+            sys.stdout.write("\t".join(str(v) for v in r) + "\n")
+    else:
+        t = Table(*cols)
+        for r in rows:
+            t.add_row(*(str(v) for v in r))
+        console.print(t)
+
+
+# --- demo ----------------------------------------------------------------------------------
+
+
+@app.command("demo-site")
+def demo_site_cmd(port: Annotated[int, typer.Option()] = 18080,
+                  seeds_file: Annotated[Path | None, typer.Option(
+                      help="Write the seed URLs here.")] = None) -> None:
+    """Serve the small multi-host demo site on loopback until interrupted."""
+    from infra.demo_site import demo_spec, serve_forever
+    spec = demo_spec(port)
+    if seeds_file:
+        seeds_file.write_text("\n".join(spec.seeds()) + "\n")
+    console.print("serving " + ", ".join(spec.seeds()))
+    serve_forever(spec)
+
+
+@app.command("demo")
+def demo_cmd(port: Annotated[int, typer.Option()] = 18080,
+             data_dir: DataDirOpt = None,
+             rate_cap: Annotated[float, typer.Option()] = 5.0) -> None:
+    """Serve the demo site, crawl it end to end, and show what was stored."""
+    from crawlfleet import crawl
+    from infra.clickhouse import run_query
+    from infra.demo_site import DemoSite, demo_spec
+    spec = demo_spec(port)
+    try:
+        s = _settings(None, data_dir=data_dir, allow_private=True, rate_cap=rate_cap)
+        with DemoSite(spec) as site:
+            summary = crawl.run_crawl(s, spec.seeds(), crawl.Plan(), console=err_console,
+                                      timeout_s=600)
+            crawl.print_summary(summary, console)
+            console.print(f"the demo site answered {site.hits()} requests")
+        cols, rows = run_query(s, "SELECT target, status, count() AS pages FROM pages_v "
+                                  "GROUP BY target, status ORDER BY target, status")
+    except CrawlfleetError as exc:
+        _fail(exc)
+        return
+    t = Table(*cols, title="pages by target and status (SELECT ... FROM pages_v)")
+    for r in rows:
+        t.add_row(*(str(v) for v in r))
+    console.print(t)
+    console.print("query more with: crawlfleet sql \"SELECT url, title FROM pages_v LIMIT 10\""
+                  + (f" --data-dir {data_dir}" if data_dir else ""))
+    if not summary.drained:
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,224 @@
+"""Configuration as one frozen, validated object.
+
+Settings come from, in rising precedence: defaults, a TOML file (``--config`` or
+``CRAWLFLEET_CONFIG``), ``CRAWLFLEET_*`` environment variables, and explicit overrides
+(CLI flags). Every field is validated once, here, so stages never re-check them.
+Secrets are kept in :class:`Secret`, whose repr never shows the value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from crawlfleet import __version__
+from crawlfleet.errors import ConfigError
+
+ENV_PREFIX = "CRAWLFLEET_"
+DEFAULT_USER_AGENT = f"crawlfleet/{__version__} (+https://github.com/crawlfleet/crawlfleet; polite bot)"
+
+
+class Secret:
+    """A string that never appears in logs, reprs or tracebacks."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def get(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('**********')" if self._value else "Secret('')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every knob of a crawlfleet process. Env var: ``CRAWLFLEET_<FIELD NAME UPPERCASE>``."""
+
+    #: Kafka bootstrap servers; empty means "use (or start) the local broker".
+    bootstrap_servers: str = ""
+    #: ClickHouse DSN (``http://user:pw@host:8123/db``); empty means embedded chDB under data_dir.
+    clickhouse_dsn: Secret = field(default_factory=lambda: Secret(""))
+    #: Root of local state: Kafka jars/data, chDB store, worker status files.
+    data_dir: Path = Path(".crawlfleet")
+    #: Extra librdkafka settings for every client, e.g. ``security.protocol``.
+    kafka_security_protocol: str = ""
+    kafka_sasl_mechanism: str = ""
+    kafka_sasl_username: str = ""
+    kafka_sasl_password: Secret = field(default_factory=lambda: Secret(""))
+    #: Honest User-Agent sent with every request and matched against robots.txt.
+    user_agent: str = DEFAULT_USER_AGENT
+    #: The robots.txt token we obey (the product token of the User-Agent).
+    robots_agent: str = "crawlfleet"
+    #: Politeness unit: ``host`` or ``domain`` (registrable domain, approximated).
+    target_mode: str = "host"
+    #: Crawl identity used when a job names none.
+    default_profile: str = "default"
+    #: Prefix for every topic and consumer-group name (isolates crawls and tests).
+    topic_prefix: str = ""
+    #: Partition count of every target-partitioned topic (they must match to co-partition).
+    partitions: int = 12
+    replication: int = 1
+    #: Default per-target request rate cap (requests per second).
+    rate_cap: float = 2.0
+    #: Per-target overrides of the cap: {target: requests per second}.
+    rate_caps: dict[str, float] = field(default_factory=dict)
+    #: Requests in flight per fetch worker, across all targets.
+    max_inflight: int = 256
+    #: Jobs held in memory per fetch worker before its partitions are paused.
+    max_buffered: int = 5000
+    request_timeout_s: float = 20.0
+    connect_timeout_s: float = 5.0
+    max_response_bytes: int = 5 * 1024 * 1024
+    max_redirects: int = 5
+    #: Allow private, loopback and link-local addresses (tests and the demo only).
+    allow_private: bool = False
+    #: Link scope: ``same-target`` (links to the page's own target) or ``any``.
+    scope: str = "same-target"
+    #: Maximum link depth from a seed (0 = seeds only); negative means unlimited.
+    max_depth: int = -1
+    #: Attempts before a retryable failure is dead-lettered.
+    max_attempts: int = 3
+    robots_ttl_s: float = 3600.0
+    #: Retention of dedupe keys in ``crawl.seen``; must exceed retry horizon + lease.
+    seen_ttl_s: float = 7 * 24 * 3600.0
+    #: Consumer-group session timeout: the broker-judged lease of a worker.
+    session_timeout_ms: int = 30_000
+    max_poll_interval_ms: int = 300_000
+    #: How often a stage commits its transaction.
+    commit_interval_s: float = 0.2
+    #: Rows per ClickHouse insert batch (store stage), and the longest wait to fill one.
+    store_batch_rows: int = 5000
+    store_batch_wait_s: float = 0.5
+    #: Code revision reported in telemetry's version tuple.
+    code_revision: str = __version__
+    profile_bundle_version: str = "1"
+
+    def __post_init__(self) -> None:
+        problems = list(_problems(self))
+        if problems:
+            raise ConfigError("invalid configuration: " + "; ".join(problems))
+
+    @property
+    def clickhouse_path(self) -> Path:
+        return self.data_dir / "clickhouse"
+
+    @property
+    def status_dir(self) -> Path:
+        return self.data_dir / "status" / (self.topic_prefix.rstrip(".") or "default")
+
+    def cap_for(self, target: str) -> float:
+        return self.rate_caps.get(target, self.rate_cap)
+
+    def kafka_common(self) -> dict[str, Any]:
+        """librdkafka settings shared by every client (security included)."""
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
+        if self.kafka_security_protocol:
+            conf["security.protocol"] = self.kafka_security_protocol
+        if self.kafka_sasl_mechanism:
+            conf["sasl.mechanism"] = self.kafka_sasl_mechanism
+            conf["sasl.username"] = self.kafka_sasl_username
+            conf["sasl.password"] = self.kafka_sasl_password.get()
+        return conf
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **{k: _coerce_field(k, v) for k, v in changes.items()})
+
+
+def _problems(s: Settings) -> list[str]:
+    out: list[str] = []
+    if s.target_mode not in ("host", "domain"):
+        out.append(f"target_mode must be 'host' or 'domain', not {s.target_mode!r}")
+    if s.scope not in ("same-target", "any"):
+        out.append(f"scope must be same-target or any, not {s.scope!r}")
+    for name in ("partitions", "replication", "max_inflight", "max_buffered", "max_attempts",
+                 "store_batch_rows"):
+        if getattr(s, name) < 1:
+            out.append(f"{name} must be >= 1")
+    for name in ("rate_cap", "request_timeout_s", "connect_timeout_s", "commit_interval_s",
+                 "robots_ttl_s", "seen_ttl_s", "store_batch_wait_s"):
+        if getattr(s, name) <= 0:
+            out.append(f"{name} must be > 0")
+    for target, cap in s.rate_caps.items():
+        if cap <= 0:
+            out.append(f"rate_caps[{target!r}] must be > 0")
+    if s.max_response_bytes < 1024:
+        out.append("max_response_bytes must be >= 1024")
+    if s.max_redirects < 0:
+        out.append("max_redirects must be >= 0")
+    if not s.user_agent.strip():
+        out.append("user_agent must not be empty")
+    return out
+
+
+def _coerce_field(name: str, value: Any) -> Any:
+    hints = get_type_hints(Settings)
+    if name not in hints:
+        raise ConfigError(f"unknown setting {name!r}")
+    return _coerce(name, hints[name], value)
+
+
+def _coerce(name: str, hint: Any, value: Any) -> Any:
+    try:
+        if hint is Secret:
+            return value if isinstance(value, Secret) else Secret(str(value))
+        if hint is Path:
+            return Path(value)
+        if hint is bool:
+            if isinstance(value, str):
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off", ""):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if hint is int:
+            return int(value)
+        if hint is float:
+            return float(value)
+        if hint is str:
+            return str(value)
+        if getattr(hint, "__origin__", None) is dict:
+            if isinstance(value, str):
+                return {k.strip(): float(v) for k, v in
+                        (item.split("=", 1) for item in value.split(",") if item.strip())}
+            return {str(k): float(v) for k, v in dict(value).items()}
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"setting {name!r}: cannot read {value!r} as {hint}") from exc
+    raise ConfigError(f"setting {name!r}: unsupported type {hint}")
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build Settings from file, then ``CRAWLFLEET_*`` env, then non-None overrides."""
+    values: dict[str, Any] = {}
+    path = config_file or (Path(os.environ[ENV_PREFIX + "CONFIG"])
+                           if os.environ.get(ENV_PREFIX + "CONFIG") else None)
+    if path is not None:
+        try:
+            values.update(tomllib.loads(Path(path).read_text()))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    names = {f.name for f in fields(Settings)}
+    for f in names:
+        env = os.environ.get(ENV_PREFIX + f.upper())
+        if env is not None:
+            values[f] = env
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    unknown = set(values) - names
+    if unknown:
+        raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+    return Settings(**{k: _coerce_field(k, v) for k, v in values.items()})

@@ -1,0 +1,277 @@
+"""The all-in-one crawl: local infra, topics, one process per stage, progress, summary.
+
+Stages run as separate processes exactly as a deployment runs them (``crawlfleet worker
+STAGE``), so the all-in-one exercises the real pipeline. A stage process that dies is
+restarted with the same worker id, which fences its former self.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from consumers.runtime import read_statuses, topology_of
+from crawlfleet.config import Secret, Settings
+from crawlfleet.errors import InfraError
+from infra import kafka_local
+from infra.clickhouse import run_query
+from infra.lag import LagProbe
+from infra.topics import create_topics
+from producers.frontier import PublishReport, publish
+
+STAGES = ("fetch", "parse", "store", "retry")
+IDLE_S = 1.5
+
+
+@dataclass(frozen=True)
+class Plan:
+    fetch_workers: int = 1
+    parse_workers: int = 1
+    retry_workers: int = 1
+    store_workers: int = 1  # embedded chDB allows exactly one store process
+
+    def counts(self) -> dict[str, int]:
+        return {"fetch": self.fetch_workers, "parse": self.parse_workers,
+                "store": self.store_workers, "retry": self.retry_workers}
+
+
+@dataclass
+class Summary:
+    topic_prefix: str
+    seeds_published: int
+    seed_errors: int
+    pages_stored: int
+    pages_ok: int
+    dead_letters: int
+    dead_by_reason: dict[str, int]
+    errors_by_class: dict[str, int]
+    seconds: float
+    pages_per_s: float
+    drained: bool
+    restarts: int = 0
+    statuses: list[dict[str, Any]] = field(default_factory=list)
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """CRAWLFLEET_* variables that recreate ``settings`` in a child process."""
+    env: dict[str, str] = {}
+    for f in fields(Settings):
+        v = getattr(settings, f.name)
+        if isinstance(v, Secret):
+            v = v.get()
+        elif isinstance(v, dict):
+            v = ",".join(f"{k}={x}" for k, x in v.items())
+        elif isinstance(v, bool):
+            v = "true" if v else "false"
+        env[f"CRAWLFLEET_{f.name.upper()}"] = str(v)
+    return env
+
+
+class Fleet:
+    """The stage processes of one crawl; restarts any that die unexpectedly."""
+
+    def __init__(self, settings: Settings, plan: Plan, log_dir: Path) -> None:
+        self.settings = settings
+        self.plan = plan
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.restarts = 0
+        self._env = {**os.environ, **settings_env(settings)}
+        self._env.pop("CRAWLFLEET_CONFIG", None)
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for stage, n in self.plan.counts().items():
+            for i in range(n):
+                self._spawn(f"{stage}-{i}", stage)
+
+    def _spawn(self, wid: str, stage: str) -> None:
+        log = (self.log_dir / f"{wid}.log").open("ab")
+        self.procs[wid] = subprocess.Popen(
+            [sys.executable, "-m", "crawlfleet.cli", "worker", stage, "--worker-id", wid],
+            env=self._env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def heal(self) -> None:
+        for wid, p in list(self.procs.items()):
+            if p.poll() is not None:
+                self.restarts += 1
+                self._spawn(wid, wid.rsplit("-", 1)[0])
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def resolve_bootstrap(settings: Settings, start_local: bool) -> Settings:
+    """Use the configured cluster, or the local one (starting it if asked)."""
+    if settings.bootstrap_servers:
+        return settings
+    st = kafka_local.status()
+    if st.running:
+        return settings.replace(bootstrap_servers=st.bootstrap_servers)
+    if not start_local:
+        raise InfraError("no Kafka configured and no local broker running: pass --bootstrap, "
+                         "set CRAWLFLEET_BOOTSTRAP_SERVERS, or run `crawlfleet kafka up`")
+    return settings.replace(bootstrap_servers=kafka_local.up())
+
+
+def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
+              console: Console | None = None, timeout_s: float | None = None) -> Summary:
+    """Crawl from ``seeds`` until the pipeline drains (or ``timeout_s``); return a summary."""
+    console = console or Console(stderr=True)
+    settings = resolve_bootstrap(settings, start_local=True)
+    if not settings.topic_prefix:
+        settings = settings.replace(topic_prefix=f"c{int(time.time())}.")
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    create_topics(settings)
+    fleet = Fleet(settings, plan, settings.data_dir / "logs" / settings.topic_prefix.rstrip("."))
+    started = time.monotonic()
+    start_wall = time.time()
+    fleet.start()
+    drained = False
+    try:
+        report = publish(seeds, settings)
+        for line, reason in report.errors:
+            console.print(f"[yellow]seed line {line}: {reason}")
+        drained = _watch(settings, fleet, console, timeout_s, started)
+        elapsed = time.monotonic() - started
+        summary = _summarise(settings, report, start_wall, elapsed, drained, fleet)
+    finally:
+        fleet.stop()
+    return summary
+
+
+def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float | None,
+           started: float) -> bool:
+    topo = topology_of(settings)
+    probe = LagProbe(settings)
+    calm_since: float | None = None
+    try:
+        with Live(console=console, refresh_per_second=4, transient=False) as live:
+            while True:
+                time.sleep(0.5)
+                fleet.heal()
+                statuses = read_statuses(settings.status_dir)
+                lags = {
+                    "frontier": probe.lag(topo.group("fetch"),
+                                          [topo.frontier, topo.frontier_high], topo.partitions),
+                    "fetched": probe.lag(topo.group("parse"), [topo.fetched], topo.partitions),
+                    "parsed": probe.lag(topo.group("store"),
+                                        [topo.parsed, topo.telemetry, topo.dead],
+                                        topo.partitions),
+                    "retry": probe.lag(topo.group("retry"), topo.retry_topics, topo.partitions),
+                }
+                live.update(_progress_table(statuses, lags, time.monotonic() - started))
+                if _calm(statuses, lags, fleet, topo.partitions):
+                    calm_since = calm_since or time.monotonic()
+                    if time.monotonic() - calm_since >= 2.0:
+                        return True
+                else:
+                    calm_since = None
+                if timeout_s is not None and time.monotonic() - started > timeout_s:
+                    return False
+    finally:
+        probe.close()
+
+
+def _calm(statuses: list[dict[str, Any]], lags: dict[str, int], fleet: Fleet,
+          partitions: int) -> bool:
+    """Drained: every stage idle with nothing held, and no stage behind its input."""
+    expected = sum(fleet.plan.counts().values())
+    if len(statuses) < expected:
+        return False
+    for s in statuses:
+        g = s.get("gauges", {})
+        if s.get("idle_s", 0) < IDLE_S or g.get("inflight") or g.get("queued") \
+                or g.get("held_partitions"):
+            return False
+    return all(v == 0 for v in lags.values())
+
+
+def _progress_table(statuses: list[dict[str, Any]], lags: dict[str, int],
+                    elapsed: float) -> Table:
+    totals: dict[str, int] = {}
+    for s in statuses:
+        for k, v in s.get("counters", {}).items():
+            totals[f"{s['stage']}.{k}"] = totals.get(f"{s['stage']}.{k}", 0) + v
+    t = Table(title=f"crawlfleet — {elapsed:.0f}s", show_header=True)
+    for col in ("fetched", "stored", "retries", "dead", "queue: frontier", "fetched→parse",
+                "parsed→store", "retry"):
+        t.add_column(col, justify="right")
+    t.add_row(str(totals.get("fetch.fetched", 0)), str(totals.get("store.stored_pages", 0)),
+              str(totals.get("fetch.retries", 0)),
+              str(totals.get("fetch.dead", 0) + totals.get("parse.dead", 0)),
+              str(lags["frontier"]), str(lags["fetched"]), str(lags["parsed"]),
+              str(lags["retry"]))
+    return t
+
+
+def _summarise(settings: Settings, report: PublishReport, start_wall: float, elapsed: float,
+               drained: bool, fleet: Fleet) -> Summary:
+    since = f"toDateTime64({start_wall - 1:.3f}, 3, 'UTC')"
+    _, rows = run_query(settings, f"SELECT count(), countIf(status BETWEEN 200 AND 299) "
+                                  f"FROM pages FINAL WHERE stored_at >= {since}")
+    pages, ok = int(rows[0][0]), int(rows[0][1])
+    prefix = settings.topic_prefix.replace("'", "")
+    _, dead_rows = run_query(settings, "SELECT reason, count() FROM dead_letters FINAL "
+                                       f"WHERE startsWith(source_topic, '{prefix}') "
+                                       "GROUP BY reason ORDER BY reason")
+    _, err_rows = run_query(settings, "SELECT reason, count() FROM fetch_events FINAL "
+                                      f"WHERE ts >= {since} AND outcome != 'ok' "
+                                      "GROUP BY reason ORDER BY reason")
+    dead = {str(r): int(n) for r, n in dead_rows}
+    return Summary(
+        topic_prefix=settings.topic_prefix, seeds_published=report.published,
+        seed_errors=len(report.errors), pages_stored=pages, pages_ok=ok,
+        dead_letters=sum(dead.values()), dead_by_reason=dead,
+        errors_by_class={str(r): int(n) for r, n in err_rows}, seconds=round(elapsed, 3),
+        pages_per_s=round(pages / elapsed, 1) if elapsed > 0 else 0.0, drained=drained,
+        restarts=fleet.restarts, statuses=read_statuses(settings.status_dir))
+
+
+def print_summary(summary: Summary, console: Console) -> None:
+    t = Table(title="crawl summary", show_header=False)
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    t.add_row("topic prefix", summary.topic_prefix)
+    t.add_row("seeds published", str(summary.seeds_published))
+    t.add_row("bad seed lines", str(summary.seed_errors))
+    t.add_row("pages stored", str(summary.pages_stored))
+    t.add_row("  of which 2xx", str(summary.pages_ok))
+    t.add_row("dead letters", str(summary.dead_letters))
+    for reason, n in summary.dead_by_reason.items():
+        t.add_row(f"  dead: {reason}", str(n))
+    for reason, n in summary.errors_by_class.items():
+        t.add_row(f"  failed attempts: {reason}", str(n))
+    t.add_row("seconds", f"{summary.seconds:.1f}")
+    t.add_row("pages/s", f"{summary.pages_per_s:.1f}")
+    t.add_row("drained", "yes" if summary.drained else "no (timed out)")
+    if summary.restarts:
+        t.add_row("worker restarts", str(summary.restarts))
+    console.print(t)
+
+
+def summary_json(summary: Summary, path: Path) -> None:
+    data = asdict(summary)
+    data.pop("statuses", None)
+    path.write_text(json.dumps(data, indent=2))

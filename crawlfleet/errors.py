@@ -1,0 +1,102 @@
+"""One root exception and an explicit retryable/fatal split.
+
+Every failure a stage sees is classified once, here, by type: never by message text.
+A ``RetryableError`` may succeed if tried again later (timeouts, 5xx, a broker hiccup);
+a ``FatalError`` never will (a malformed URL, an undecodable record, a refused address).
+"""
+
+from __future__ import annotations
+
+
+class CrawlfleetError(Exception):
+    """Root of every error crawlfleet raises on purpose."""
+
+    #: short machine-readable reason class, stored with dead letters and telemetry
+    reason: str = "error"
+    retryable: bool = False
+
+
+class RetryableError(CrawlfleetError):
+    """Worth trying again after a delay."""
+
+    reason = "retryable"
+    retryable = True
+
+
+class FatalError(CrawlfleetError):
+    """Trying again cannot help: dead-letter it with its reason."""
+
+    reason = "fatal"
+    retryable = False
+
+
+class ConfigError(FatalError):
+    """Configuration is invalid; the message says which setting and why."""
+
+    reason = "config"
+
+
+class InfraError(FatalError):
+    """A local service (Kafka, Java, Maven, ClickHouse) could not be set up."""
+
+    reason = "infra"
+
+
+class InvalidURLError(FatalError):
+    """A URL cannot be crawled: bad syntax, unsupported scheme, or refused address."""
+
+    reason = "invalid_url"
+
+
+class ForbiddenAddressError(InvalidURLError):
+    """A URL resolves to a private, loopback or link-local address that is not allowed."""
+
+    reason = "forbidden_address"
+
+
+class DecodeError(FatalError):
+    """A record could not be decoded with any known schema."""
+
+    reason = "undecodable"
+
+
+class RobotsDisallowedError(FatalError):
+    """robots.txt disallows the URL for our user-agent."""
+
+    reason = "robots_disallowed"
+
+
+class ResponseTooLargeError(FatalError):
+    """The (decompressed) response body exceeded the configured cap."""
+
+    reason = "too_large"
+
+
+class TooManyRedirectsError(FatalError):
+    """The redirect chain exceeded the configured cap."""
+
+    reason = "too_many_redirects"
+
+
+class FetchTimeoutError(RetryableError):
+    """The request did not complete within its total time budget."""
+
+    reason = "timeout"
+
+
+class ConnectError(RetryableError):
+    """The connection could not be established or was reset."""
+
+    reason = "connect"
+
+
+class ServerError(RetryableError):
+    """The server answered 5xx (or 429): try later, more gently."""
+
+    reason = "server_error"
+
+
+class KafkaStageError(RetryableError):
+    """A retriable Kafka error surfaced to a stage."""
+
+    reason = "kafka"

@@ -1,0 +1,107 @@
+"""URL canonicalisation, target derivation and address safety: pure functions.
+
+Canonical form is what dedupe keys and partitioning are derived from, so it must be
+stable: lower-case scheme and host, IDNA host, no default port, no fragment, sorted query
+(w3lib), and ``/`` for an empty path.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from urllib.parse import urljoin, urlsplit, urlunsplit
+
+from w3lib.url import canonicalize_url
+
+from crawlfleet.errors import ForbiddenAddressError, InvalidURLError
+
+ALLOWED_SCHEMES = ("http", "https")
+DEFAULT_PORTS = {"http": 80, "https": 443}
+MAX_URL_LENGTH = 4096
+
+
+def canonicalize(url: str) -> str:
+    """Return the canonical form of an absolute http(s) URL, or raise InvalidURLError."""
+    url = url.strip()
+    if not url:
+        raise InvalidURLError("empty URL")
+    if len(url) > MAX_URL_LENGTH:
+        raise InvalidURLError(f"URL longer than {MAX_URL_LENGTH} characters")
+    try:
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        if scheme not in ALLOWED_SCHEMES:
+            raise InvalidURLError(f"unsupported scheme {parts.scheme!r} in {url!r}")
+        host = parts.hostname
+        if not host:
+            raise InvalidURLError(f"no host in {url!r}")
+        port = parts.port
+    except ValueError as exc:  # bad port, bad IPv6 literal
+        raise InvalidURLError(f"malformed URL {url!r}: {exc}") from exc
+    try:
+        host = host.encode("idna").decode("ascii").lower() if not _is_ip(host) else host
+    except UnicodeError as exc:
+        raise InvalidURLError(f"bad host name in {url!r}") from exc
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None and port != DEFAULT_PORTS[scheme]:
+        netloc = f"{netloc}:{port}"
+    rebuilt = urlunsplit((scheme, netloc, parts.path or "/", parts.query, ""))
+    return canonicalize_url(rebuilt, keep_fragments=False)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def host_of(url: str) -> str:
+    """Lower-case host (no port) of a canonical URL."""
+    return urlsplit(url).hostname or ""
+
+
+def target_of(url: str, mode: str = "host") -> str:
+    """The politeness unit of a canonical URL: its host, or its registrable domain.
+
+    ``domain`` mode approximates the registrable domain by the last two labels (three when
+    the second-level label is a common public suffix like ``co.uk``); IP hosts stay whole.
+    """
+    host = host_of(url)
+    if mode == "host" or _is_ip(host):
+        return host
+    labels = host.split(".")
+    if len(labels) <= 2:
+        return host
+    keep = 3 if labels[-2] in _SECOND_LEVEL_SUFFIXES and len(labels[-1]) == 2 else 2
+    return ".".join(labels[-keep:])
+
+
+_SECOND_LEVEL_SUFFIXES = frozenset({"co", "com", "net", "org", "ac", "gov", "edu", "ne", "or"})
+
+
+def resolve_link(base: str, href: str) -> str | None:
+    """Absolute canonical URL of ``href`` found on ``base``, or None if not crawlable."""
+    href = href.strip()
+    if not href or href.startswith(("#", "javascript:", "mailto:", "tel:", "data:")):
+        return None
+    try:
+        return canonicalize(urljoin(base, href))
+    except InvalidURLError:
+        return None
+
+
+def check_address(ip: str, allow_private: bool) -> None:
+    """Refuse addresses a public crawler must never reach (SSRF guard)."""
+    addr = ipaddress.ip_address(ip)
+    if allow_private:
+        return
+    if (addr.is_private or addr.is_loopback or addr.is_link_local or addr.is_multicast
+            or addr.is_reserved or addr.is_unspecified):
+        raise ForbiddenAddressError(f"address {ip} is private/loopback/link-local; "
+                                    "pass --allow-private to crawl it")
+
+
+def dedupe_key(profile: str, canonical_url: str) -> str:
+    """Semantic key of a page fetch: the same page under the same identity is one job."""
+    return f"{profile}|{canonical_url}"

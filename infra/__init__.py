@@ -1,0 +1,1 @@
+"""Local infrastructure helpers: a Kafka cluster from Maven Central jars, run without Docker."""

@@ -1,0 +1,1 @@
+"""Frontier publishers: seeds in, canonical deduplicated CrawlJobs out."""

@@ -1,0 +1,112 @@
+"""Publish seeds to the frontier: parse lines, canonicalise, derive targets, drop repeats.
+
+Lines are plain URLs or JSON objects (``url``, optional ``profile``, ``priority``,
+``meta``). A bad line is reported with its number and reason and the rest still go
+through. Repeats within the input are dropped here; repeats of pages already crawled are
+dropped by the fetch stage, which owns the target's dedupe state.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaException, Producer
+
+from consumers.runtime import Encoder, producer_conf, topology_of
+from crawlfleet.config import Settings
+from crawlfleet.errors import CrawlfleetError, InvalidURLError, KafkaStageError
+from crawlfleet.urls import canonicalize, dedupe_key, target_of
+
+
+@dataclass
+class PublishReport:
+    published: int = 0
+    duplicates: int = 0
+    errors: list[tuple[int, str]] = field(default_factory=list)  # (line number, reason)
+
+
+def parse_line(line: str, settings: Settings) -> dict[str, Any] | None:
+    """One input line → a CrawlJob dict (None for blank/comment lines)."""
+    text = line.strip()
+    if not text or text.startswith("#"):
+        return None
+    profile, priority, meta = settings.default_profile, 0, {}
+    if text.startswith("{"):
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidURLError(f"bad JSON: {exc.msg}") from exc
+        if not isinstance(obj, dict) or not isinstance(obj.get("url"), str):
+            raise InvalidURLError("JSON line needs a string 'url'")
+        text = obj["url"]
+        profile = str(obj.get("profile") or profile)
+        try:
+            priority = int(obj.get("priority", 0))
+        except (TypeError, ValueError) as exc:
+            raise InvalidURLError("'priority' must be an integer") from exc
+        raw_meta = obj.get("meta") or {}
+        if not isinstance(raw_meta, dict):
+            raise InvalidURLError("'meta' must be an object")
+        meta = {str(k): str(v) for k, v in raw_meta.items()}
+    url = canonicalize(text)
+    return {"url": url, "target": target_of(url, settings.target_mode), "profile": profile,
+            "depth": 0, "attempt": 0, "parent_url": None, "last_error": None,
+            "priority": max(0, min(priority, 1)), "meta": meta, "delay_ms": 0}
+
+
+def jobs_from_lines(lines: Iterable[str], settings: Settings,
+                    report: PublishReport) -> Iterator[dict[str, Any]]:
+    seen: set[str] = set()
+    for number, line in enumerate(lines, start=1):
+        try:
+            job = parse_line(line, settings)
+        except CrawlfleetError as exc:
+            report.errors.append((number, str(exc)))
+            continue
+        if job is None:
+            continue
+        key = dedupe_key(job["profile"], job["url"])
+        if key in seen:
+            report.duplicates += 1
+            continue
+        seen.add(key)
+        yield job
+
+
+def publish(lines: Iterable[str], settings: Settings) -> PublishReport:
+    """Publish every good line to the frontier (idempotent producer, acks=all)."""
+    report = PublishReport()
+    topology = topology_of(settings)
+    encoder = Encoder(topology, "publisher")
+    producer = Producer(producer_conf(settings, "crawlfleet-publisher"))
+    failures: list[str] = []
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is not None:
+            failures.append(str(err))
+
+    try:
+        for job in jobs_from_lines(lines, settings, report):
+            topic = topology.frontier_high if job["priority"] > 0 else topology.frontier
+            out = encoder.job(topic, job)
+            while True:
+                try:
+                    producer.produce(out.topic, value=out.value, key=out.key,
+                                     partition=out.partition, headers=out.headers,
+                                     on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+            report.published += 1
+            producer.poll(0)
+    except KafkaException as exc:
+        raise KafkaStageError(f"publishing failed: {exc}") from exc
+    finally:
+        remaining = producer.flush(30)
+    if remaining or failures:
+        raise KafkaStageError(f"{remaining} undelivered, {len(failures)} failed: "
+                              f"{failures[:3]}")
+    return report

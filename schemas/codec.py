@@ -1,0 +1,127 @@
+"""Registry-free Avro codec: fastavro schemaless bodies, writer fingerprint in a header.
+
+Each record carries the CRC-64-AVRO fingerprint of its writer schema in the ``cf-schema``
+header. Readers decode with that writer schema and resolve to the newest version they
+know of the same record, so old records stay readable after a schema evolves (fields
+added with defaults). Anything that fails is a :class:`DecodeError`, which stages turn
+into a dead letter instead of a crash loop.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import fastavro
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+from crawlfleet.errors import DecodeError
+from schemas.topics import HEADER_SCHEMA
+
+SCHEMA_DIR = Path(__file__).parent
+_FILE_RE = re.compile(r"^(?P<name>[a-z_]+)\.v(?P<version>\d+)\.avsc$")
+# Load order matters: records that reference CrawlJob by name come after it.
+_BASE_FIRST = ("crawl_job",)
+
+Headers = list[tuple[str, bytes]]
+
+
+@dataclass(frozen=True)
+class SchemaVersion:
+    file_name: str
+    record: str  # full record name, e.g. crawlfleet.CrawlJob
+    version: int
+    parsed: Any
+    fingerprint: str
+
+
+class Codec:
+    """Encodes with the newest schema of a record; decodes any known version of it."""
+
+    def __init__(self, schema_dir: Path = SCHEMA_DIR) -> None:
+        self._by_fp: dict[str, SchemaVersion] = {}
+        self._latest: dict[str, SchemaVersion] = {}
+        for path in sorted(schema_dir.glob("*.avsc"), key=_load_order):
+            m = _FILE_RE.match(path.name)
+            if not m:
+                continue
+            sv = _load(path, m["name"], int(m["version"]), self._latest)
+            self._by_fp[sv.fingerprint] = sv
+            cur = self._latest.get(sv.record)
+            if cur is None or sv.version > cur.version:
+                self._latest[sv.record] = sv
+
+    def latest(self, record: str) -> SchemaVersion:
+        return self._latest[_full(record)]
+
+    def versions(self, record: str) -> list[SchemaVersion]:
+        full = _full(record)
+        return sorted((v for v in self._by_fp.values() if v.record == full),
+                      key=lambda v: v.version)
+
+    def encode(self, record: str, value: dict[str, Any],
+               version: SchemaVersion | None = None) -> tuple[bytes, Headers]:
+        """Serialize ``value`` with the newest (or the given) schema of ``record``."""
+        sv = version or self.latest(record)
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, sv.parsed, value)
+        return buf.getvalue(), [(HEADER_SCHEMA, sv.fingerprint.encode())]
+
+    def decode(self, record: str, payload: bytes | None,
+               headers: Headers | None) -> dict[str, Any]:
+        """Decode a payload written with any known version of ``record``."""
+        if payload is None:
+            raise DecodeError(f"{record}: empty value")
+        fp = _header(headers, HEADER_SCHEMA)
+        if fp is None:
+            raise DecodeError(f"{record}: missing {HEADER_SCHEMA} header")
+        writer = self._by_fp.get(fp)
+        if writer is None:
+            raise DecodeError(f"{record}: unknown writer schema fingerprint {fp}")
+        reader = self.latest(record)
+        if writer.record != reader.record:
+            raise DecodeError(f"{record}: record was written as {writer.record}")
+        try:
+            result: dict[str, Any] = fastavro.schemaless_reader(
+                io.BytesIO(payload), writer.parsed, reader.parsed)
+        except Exception as exc:  # fastavro raises assorted types on corrupt bytes
+            raise DecodeError(f"{record}: corrupt payload ({type(exc).__name__}: {exc})") from exc
+        return result
+
+
+def _load(path: Path, name: str, version: int, latest: dict[str, SchemaVersion]) -> SchemaVersion:
+    raw = json.loads(path.read_text())
+    named: dict[str, Any] = {}
+    for sv in latest.values():  # make referenced records (the newest of each) resolvable
+        fastavro.parse_schema(sv.parsed, named_schemas=named)
+    parsed = fastavro.parse_schema(raw, named_schemas=named)
+    canonical = to_parsing_canonical_form(parsed)
+    return SchemaVersion(path.name, parsed["name"], version, parsed,
+                         fingerprint(canonical, "CRC-64-AVRO"))
+
+
+def _load_order(path: Path) -> tuple[int, str]:
+    m = _FILE_RE.match(path.name)
+    return (0 if m and m["name"] in _BASE_FIRST else 1, path.name)
+
+
+def _full(record: str) -> str:
+    return record if "." in record else f"crawlfleet.{record}"
+
+
+def _header(headers: Headers | None, name: str) -> str | None:
+    for k, v in headers or ():
+        if k == name:
+            return v.decode() if isinstance(v, bytes) else str(v)
+    return None
+
+
+@lru_cache(maxsize=1)
+def default_codec() -> Codec:
+    """The process-wide codec over the schemas shipped in this package."""
+    return Codec()

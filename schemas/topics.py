@@ -1,0 +1,161 @@
+"""The topology, declared once: topic names, partitioning, cleanup, groups, headers.
+
+Every target-partitioned topic has the same partition count, and records go to the
+partition chosen from their target alone, so a target's frontier, results and dedupe state
+(``crawl.seen``) are co-partitioned: one consumer owns all of a target's work at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+HEADER_SCHEMA = "cf-schema"  # writer-schema fingerprint (hex CRC-64-AVRO)
+HEADER_TARGET = "cf-target"
+
+DAY_MS = 24 * 3600 * 1000
+
+#: Retry tiers: (delay in seconds, topic suffix). Attempt n waits in the first tier whose
+#: delay is at least what the failure asked for (Retry-After or back-off).
+RETRY_DELAYS_S: tuple[int, ...] = (2, 15, 120)
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    record: str  # Avro record name carried as value
+    by_target: bool  # partition chosen from the target (else fixed partitions)
+    partitions: int
+    replication: int
+    config: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Names of every topic and group of one crawl namespace (``prefix``)."""
+
+    prefix: str = ""
+    partitions: int = 12
+    replication: int = 1
+    seen_retention_ms: int = 7 * DAY_MS
+
+    @property
+    def frontier(self) -> str:
+        return f"{self.prefix}crawl.frontier"
+
+    @property
+    def frontier_high(self) -> str:
+        return f"{self.prefix}crawl.frontier.high"
+
+    @property
+    def fetched(self) -> str:
+        return f"{self.prefix}crawl.fetched"
+
+    @property
+    def parsed(self) -> str:
+        return f"{self.prefix}crawl.parsed"
+
+    @property
+    def dead(self) -> str:
+        return f"{self.prefix}crawl.dead"
+
+    @property
+    def seen(self) -> str:
+        return f"{self.prefix}crawl.seen"
+
+    @property
+    def control(self) -> str:
+        return f"{self.prefix}crawl.control"
+
+    @property
+    def telemetry(self) -> str:
+        return f"{self.prefix}crawl.telemetry"
+
+    def retry(self, delay_s: int) -> str:
+        return f"{self.prefix}crawl.retry.{delay_s}s"
+
+    @property
+    def retry_topics(self) -> list[str]:
+        return [self.retry(d) for d in RETRY_DELAYS_S]
+
+    def group(self, stage: str) -> str:
+        return f"{self.prefix}crawlfleet-{stage}"
+
+    def retry_tier_for(self, wait_s: float) -> int:
+        """Smallest retry delay that covers ``wait_s`` (the largest if none does)."""
+        for d in RETRY_DELAYS_S:
+            if d >= wait_s:
+                return d
+        return RETRY_DELAYS_S[-1]
+
+    def specs(self) -> list[TopicSpec]:
+        """Every topic crawlfleet uses, with its cleanup policy and retention."""
+        n, r = self.partitions, self.replication
+        min_isr = "2" if r >= 3 else "1"
+        base = {"min.insync.replicas": min_isr}
+        week = str(7 * DAY_MS)
+
+        def t(name: str, record: str, cfg: dict[str, str], by_target: bool = True,
+              parts: int | None = None) -> TopicSpec:
+            return TopicSpec(name, record, by_target, parts or n, r, {**base, **cfg})
+
+        specs = [
+            t(self.frontier, "CrawlJob", {"cleanup.policy": "delete", "retention.ms": week}),
+            t(self.frontier_high, "CrawlJob", {"cleanup.policy": "delete", "retention.ms": week}),
+            t(self.fetched, "FetchResult", {"cleanup.policy": "delete", "retention.ms": week,
+                                            "max.message.bytes": str(16 * 1024 * 1024)}),
+            t(self.parsed, "ParsedPage", {"cleanup.policy": "delete", "retention.ms": week,
+                                          "max.message.bytes": str(16 * 1024 * 1024)}),
+            t(self.dead, "DeadLetter", {"cleanup.policy": "delete",
+                                        "retention.ms": str(30 * DAY_MS)}),
+            t(self.seen, "Seen", {"cleanup.policy": "compact,delete",
+                                  "retention.ms": str(self.seen_retention_ms),
+                                  "min.compaction.lag.ms": "60000"}),
+            t(self.control, "Control", {"cleanup.policy": "compact"}, by_target=False, parts=1),
+            t(self.telemetry, "FetchEvent", {"cleanup.policy": "delete", "retention.ms": week}),
+        ]
+        # Retry tiers use the broker's clock for the record timestamp: the delay is measured
+        # from when the broker appended the record, never from a worker's clock.
+        specs += [t(self.retry(d), "CrawlJob", {"cleanup.policy": "delete", "retention.ms": week,
+                                                 "message.timestamp.type": "LogAppendTime"})
+                  for d in RETRY_DELAYS_S]
+        return specs
+
+    def spec(self, name: str) -> TopicSpec:
+        for s in self.specs():
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+
+@lru_cache(maxsize=65536)
+def partition_for(target: str, partitions: int) -> int:
+    """Partition of a target: murmur2 like Kafka's Java default partitioner."""
+    return (_murmur2(target.encode()) & 0x7FFFFFFF) % partitions
+
+
+def _murmur2(data: bytes) -> int:
+    length = len(data)
+    seed, m, r = 0x9747B28C, 0x5BD1E995, 24
+    h = (seed ^ length) & 0xFFFFFFFF
+    n4 = length // 4
+    for i in range(n4):
+        k = int.from_bytes(data[i * 4:i * 4 + 4], "little")
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    rest = length & 3
+    tail = data[n4 * 4:]
+    if rest == 3:
+        h ^= tail[2] << 16
+    if rest >= 2:
+        h ^= tail[1] << 8
+    if rest >= 1:
+        h ^= tail[0]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h if h < 0x80000000 else h - 0x100000000

@@ -1,0 +1,1 @@
+"""faust-streaming analytics where at-least-once is safe (windowed counters, health)."""
