@@ -13,8 +13,6 @@ from typing import ClassVar
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import DecodeError, FatalError
 from consumers.runtime import (
     Encoder,
     FencedError,
@@ -24,10 +22,15 @@ from consumers.runtime import (
     TxnAbortedError,
     TxnCommitter,
     consumer_conf,
+    offset_of,
+    raw_value,
     rewind,
     topology_of,
+    tp_of,
     worker_name,
 )
+from crawlfleet.config import Settings
+from crawlfleet.errors import DecodeError, FatalError
 
 log = logging.getLogger("crawlfleet.stage")
 
@@ -49,7 +52,7 @@ class BatchStage(ABC):
         self.settings = settings
         self.topology = topology_of(settings)
         self.worker = worker_name(self.stage, worker_id)
-        self.stop = stop or StopFlag()
+        self.stop = stop if stop is not None else StopFlag()
         self.encoder = Encoder(self.topology, self.worker)
         self.status = StatusFile(settings.status_dir, self.stage, self.worker)
         self._paused_until: dict[tuple[str, int], float] = {}
@@ -64,7 +67,7 @@ class BatchStage(ABC):
 
     def run(self) -> None:
         """Consume until stopped; rebuild clients and rejoin if this worker gets fenced."""
-        while not self.stop:
+        while not self.stop.requested:
             try:
                 self._run_once()
             except FencedError as exc:
@@ -79,7 +82,7 @@ class BatchStage(ABC):
         consumer = Consumer(consumer_conf(self.settings, group, self.worker))
         consumer.subscribe(self.input_topics(), on_assign=self._on_assign)
         try:
-            while not self.stop:
+            while not self.stop.requested:
                 self._resume_due(consumer)
                 msgs = consumer.consume(self.batch_size, 0.2)
                 self._process(consumer, committer, msgs)
@@ -103,7 +106,7 @@ class BatchStage(ABC):
                 if err.code() != KafkaError._PARTITION_EOF:
                     log.warning("%s consume error: %s", self.stage, err)
                 continue
-            tp = (msg.topic(), msg.partition())
+            tp = tp_of(msg)
             if tp in held:
                 continue
             try:
@@ -117,10 +120,10 @@ class BatchStage(ABC):
                 outputs.append(self.encoder.undecodable(msg, exc))
                 self.status.add("dead")
             except FatalError as exc:
-                outputs.append(self.encoder.dead(None, msg.value(), msg.topic(), exc.reason,
+                outputs.append(self.encoder.dead(None, raw_value(msg), tp[0], exc.reason,
                                                  str(exc), 1))
                 self.status.add("dead")
-            offsets[tp] = msg.offset() + 1
+            offsets[tp] = offset_of(msg) + 1
         # The position also steps over transaction markers, so an idle stage's lag is 0.
         for pos in consumer.position(consumer.assignment()):
             key = (pos.topic, pos.partition)
@@ -140,10 +143,11 @@ class BatchStage(ABC):
             rewind(consumer, consumer.assignment())
 
     def _hold(self, consumer: Consumer, msg: Message, wait_s: float) -> None:
-        tp = TopicPartition(msg.topic(), msg.partition(), msg.offset())
+        topic, partition = tp_of(msg)
+        tp = TopicPartition(topic, partition, offset_of(msg))
         consumer.pause([tp])
         consumer.seek(tp)
-        self._paused_until[(msg.topic(), msg.partition())] = time.monotonic() + wait_s
+        self._paused_until[(topic, partition)] = time.monotonic() + wait_s
 
     def _resume_due(self, consumer: Consumer) -> None:
         now = time.monotonic()

@@ -55,14 +55,16 @@ def classify_status(status: int, retry_after: str | None, attempt: int,
 
 def backoff(attempt: int) -> float:
     """Exponential back-off for attempt ``attempt`` (0-based), capped."""
-    return float(min(MAX_BACKOFF_S, BASE_BACKOFF_S * (2 ** max(0, attempt))))
+    exponent = min(max(0, attempt), 64)  # 2.0 * 2**1024 would overflow a float
+    return float(min(MAX_BACKOFF_S, BASE_BACKOFF_S * (2 ** exponent)))
 
 
 def parse_retry_after(value: str, now: datetime | None = None) -> float | None:
     """Seconds to wait from a Retry-After header (delta-seconds or HTTP-date)."""
     value = value.strip()
-    if value.isdigit():
-        return float(min(int(value), int(MAX_BACKOFF_S * 6)))
+    # ASCII only ("²".isdigit() but int() rejects it); float() has no digit-count limit.
+    if value.isascii() and value.isdigit():
+        return min(float(value), MAX_BACKOFF_S * 6)
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):

@@ -10,6 +10,7 @@ state and the safe input offsets commit together in one transaction.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -35,7 +36,9 @@ from consumers.runtime import (
     TxnAbortedError,
     TxnCommitter,
     consumer_conf,
+    offset_of,
     topology_of,
+    tp_of,
     worker_name,
 )
 from consumers.scheduler import TargetScheduler
@@ -70,13 +73,13 @@ class FetchStage:
         self.s = settings
         self.topology = topology_of(settings)
         self.worker = worker_name(self.stage, worker_id)
-        self.stop = stop or StopFlag()
+        self.stop = stop if stop is not None else StopFlag()
         self.encoder = Encoder(self.topology, self.worker)
         self.status = StatusFile(settings.status_dir, self.stage, self.worker)
 
     def run(self) -> None:
         """Fetch until stopped; on fencing or an aborted transaction, drop all and rejoin."""
-        while not self.stop:
+        while not self.stop.requested:
             try:
                 asyncio.run(self._session())
             except (FencedError, TxnAbortedError) as exc:
@@ -210,7 +213,7 @@ class _Session:
 
     def _teardown(self) -> None:
         if self.consumer is not None:
-            if self.st.stop and self.committer is not None:
+            if self.st.stop.requested and self.committer is not None:
                 try:
                     self._commit()  # graceful stop: finished work is not redone
                 except CrawlfleetError as exc:
@@ -221,7 +224,7 @@ class _Session:
 
     async def _main_loop(self) -> None:
         last_commit = time.monotonic()
-        while not self.st.stop:
+        while not self.st.stop.requested:
             msgs = await self._kafka(self._poll, 0.05 if self.running else 0.2)
             if msgs:
                 self._admit(msgs)
@@ -246,25 +249,25 @@ class _Session:
                 if err.code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error: %s", err)
                 continue
-            tp = (msg.topic(), msg.partition())
+            tp, offset = tp_of(msg), offset_of(msg)
             with self.lock:
                 tracker = self.trackers.get(tp)
                 if tracker is None:
                     continue  # revoked between fetch and delivery
-                tracker.start(msg.offset())
+                tracker.start(offset)
                 epoch = self.epochs[tp]
             self.status.add("consumed")
             try:
                 job = self.enc.decode("CrawlJob", msg)
                 job["url"] = canonicalize(job["url"])
             except DecodeError as exc:
-                self._finish_raw(tp, msg.offset(), epoch, [self.enc.undecodable(msg, exc)])
+                self._finish_raw(tp, offset, epoch, [self.enc.undecodable(msg, exc)])
                 continue
             except InvalidURLError as exc:
-                self._finish_raw(tp, msg.offset(), epoch, [
-                    self.enc.dead(job, None, msg.topic(), exc.reason, str(exc), job["attempt"])])
+                self._finish_raw(tp, offset, epoch, [
+                    self.enc.dead(job, None, tp[0], exc.reason, str(exc), job["attempt"])])
                 continue
-            pj = Pending(tp, msg.offset(), epoch, job, dedupe_key(job["profile"], job["url"]))
+            pj = Pending(tp, offset, epoch, job, dedupe_key(job["profile"], job["url"]))
             if self._is_duplicate(pj):
                 self.status.add("skipped_seen")
                 self._finish(pj, [], None)
@@ -301,10 +304,8 @@ class _Session:
             timeout = None if due is None or self.running >= self.s.max_inflight \
                 else max(0.0, due - time.monotonic())
             self.wake.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout)
-            except TimeoutError:
-                pass
 
     def _drop_stale(self) -> None:
         """Forget queued jobs of partitions this worker no longer owns."""

@@ -11,11 +11,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from confluent_kafka import TopicPartition
-from confluent_kafka import Message
+from confluent_kafka import Message, TopicPartition
 
 from consumers.batch_stage import BatchStage, NotDueError
-from consumers.runtime import Output
+from consumers.runtime import Output, tp_of
 from schemas.topics import RETRY_DELAYS_S
 
 
@@ -36,7 +35,8 @@ class RetryStage(BatchStage):
 
     def handle(self, msg: Message) -> list[Output]:
         job = self.encoder.decode("CrawlJob", msg)
-        wait = max(self._delay_of.get(msg.topic(), 0.0), job.get("delay_ms", 0) / 1000.0)
+        key = tp_of(msg)
+        wait = max(self._delay_of.get(key[0], 0.0), job.get("delay_ms", 0) / 1000.0)
         remaining = self._due_in(msg, wait)
         if remaining > 0:
             self.status.gauges["waiting"] = 1
@@ -49,7 +49,7 @@ class RetryStage(BatchStage):
     def _due_in(self, msg: Message, wait_s: float) -> float:
         _, ts_ms = msg.timestamp()
         now = time.monotonic()
-        key = (msg.topic(), msg.partition())
+        key = tp_of(msg)
         anchor = self._anchor.setdefault(key, (ts_ms, now))
         arrived = anchor[1] + (ts_ms - anchor[0]) / 1000.0
         return arrived + wait_s - now

@@ -120,7 +120,7 @@ class TxnCommitter:
 
     def commit(self, consumer: Consumer, outputs: Iterable[Output],
                offsets: list[TopicPartition]) -> None:
-        """Produce ``outputs`` and commit ``offsets`` for ``consumer``'s group in one transaction."""
+        """Produce ``outputs`` and commit ``offsets`` of ``consumer``'s group atomically."""
         self._run(self.producer.begin_transaction)
         try:
             for o in outputs:
@@ -188,6 +188,19 @@ def rewind(consumer: Consumer, partitions: list[TopicPartition]) -> None:
         consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
 
 
+def tp_of(msg: Message) -> tuple[str, int]:
+    """(topic, partition) of a consumed record (never None for a record without error)."""
+    topic, partition = msg.topic(), msg.partition()
+    assert topic is not None and partition is not None
+    return topic, partition
+
+
+def offset_of(msg: Message) -> int:
+    offset = msg.offset()
+    assert offset is not None
+    return offset
+
+
 def job_key(target: str, profile: str, url: str) -> bytes:
     return f"{target}|{profile}|{url}".encode()
 
@@ -227,8 +240,14 @@ class Encoder:
     def undecodable(self, msg: Message, exc: DecodeError) -> Output:
         """Dead-letter a record no schema can read, keeping its bytes for inspection."""
         key = msg.key() or b""
-        target = key.split(b"|", 1)[0].decode("utf-8", "replace")
-        return self.dead(None, msg.value(), msg.topic(), exc.reason, str(exc), 1, target)
+        key_bytes = key.encode() if isinstance(key, str) else key
+        target = key_bytes.split(b"|", 1)[0].decode("utf-8", "replace")
+        return self.dead(None, raw_value(msg), tp_of(msg)[0], exc.reason, str(exc), 1, target)
+
+
+def raw_value(msg: Message) -> bytes | None:
+    value = msg.value()
+    return value.encode() if isinstance(value, str) else value
 
 
 class StopFlag:
@@ -246,7 +265,8 @@ class StopFlag:
     def set(self) -> None:
         self._event.set()
 
-    def __bool__(self) -> bool:
+    @property
+    def requested(self) -> bool:
         return self._event.is_set()
 
 

@@ -13,8 +13,9 @@ import time
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from consumers.runtime import raw_value, tp_of
 from crawlfleet.config import Settings
-from schemas.codec import Codec
+from schemas.codec import Codec, HeadersIn
 
 log = logging.getLogger("crawlfleet.seen")
 
@@ -64,9 +65,9 @@ class SeenStore:
                     err = msg.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
-                            pending.discard(msg.partition())
+                            pending.discard(tp_of(msg)[1])
                         continue
-                    n += self._apply(msg.partition(), msg.key(), msg.value(),
+                    n += self._apply(tp_of(msg)[1], msg.key(), raw_value(msg),
                                      msg.headers(), codec)
             if pending:
                 log.warning("seen restore of %s incomplete after %ss", pending, timeout_s)
@@ -74,11 +75,11 @@ class SeenStore:
             consumer.close()
         return n
 
-    def _apply(self, partition: int, key: bytes | None, value: bytes | None,
-               headers: list[tuple[str, bytes]] | None, codec: Codec) -> int:
+    def _apply(self, partition: int, key: str | bytes | None, value: bytes | None,
+               headers: HeadersIn, codec: Codec) -> int:
         if key is None:
             return 0
-        k = key.decode()
+        k = key.decode() if isinstance(key, bytes) else key
         if value is None:
             self._parts[partition].pop(k, None)
             return 1

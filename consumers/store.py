@@ -16,7 +16,16 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from consumers.runtime import StatusFile, StopFlag, consumer_conf, topology_of, worker_name
+from consumers.runtime import (
+    StatusFile,
+    StopFlag,
+    consumer_conf,
+    offset_of,
+    raw_value,
+    topology_of,
+    tp_of,
+    worker_name,
+)
 from crawlfleet.config import Settings
 from crawlfleet.errors import DecodeError
 from infra.clickhouse import DEAD_COLUMNS, EVENT_COLUMNS, PAGE_COLUMNS, QueryServer, Store
@@ -63,7 +72,7 @@ class StoreStage:
         self.s = settings
         self.topology = topology_of(settings)
         self.worker = worker_name(self.stage, worker_id)
-        self.stop = stop or StopFlag()
+        self.stop = stop if stop is not None else StopFlag()
         self.codec = default_codec()
         self.status = StatusFile(settings.status_dir, self.stage, self.worker)
         self.store = Store(settings)
@@ -79,7 +88,7 @@ class StoreStage:
         consumer.subscribe([self.topology.parsed, self.topology.telemetry, self.topology.dead],
                            on_assign=lambda *_: self._committed.clear())
         try:
-            while not self.stop:
+            while not self.stop.requested:
                 batch = self._collect(consumer)
                 offsets = self._write(batch) if batch else {}
                 self._commit(consumer, offsets)
@@ -94,7 +103,7 @@ class StoreStage:
     def _collect(self, consumer: Consumer) -> list[Message]:
         batch: list[Message] = []
         deadline = time.monotonic() + self.s.store_batch_wait_s
-        while len(batch) < self.s.store_batch_rows and not self.stop:
+        while len(batch) < self.s.store_batch_rows and not self.stop.requested:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -127,20 +136,20 @@ class StoreStage:
             log.warning("store offset commit failed, batch will be replayed: %s", exc)
 
     def _write(self, batch: list[Message]) -> dict[tuple[str, int], int]:
-        rows: dict[str, list[tuple[Any, ...]]] = {"pages": [], "fetch_events": [],
+        rows: dict[str, list[Sequence[Any]]] = {"pages": [], "fetch_events": [],
                                                   "dead_letters": []}
         ranges: dict[tuple[str, int], list[int]] = {}
         for msg in batch:
-            r = ranges.setdefault((msg.topic(), msg.partition()), [msg.offset(), msg.offset()])
-            r[1] = max(r[1], msg.offset())
-            r[0] = min(r[0], msg.offset())
-            event_id = f"{msg.topic()}:{msg.partition()}:{msg.offset()}"
+            (topic, partition), offset = tp_of(msg), offset_of(msg)
+            r = ranges.setdefault((topic, partition), [offset, offset])
+            r[0], r[1] = min(r[0], offset), max(r[1], offset)
+            event_id = f"{topic}:{partition}:{offset}"
             try:
                 self._route(msg, event_id, rows)
             except DecodeError as exc:
                 rows["dead_letters"].append((event_id, datetime.now(UTC), "", "", "",
-                                             msg.topic(), exc.reason, str(exc), 1, self.worker,
-                                             "", (msg.value() or b"").hex()[:4096]))
+                                             topic, exc.reason, str(exc), 1, self.worker,
+                                             "", (raw_value(msg) or b"").hex()[:4096]))
         token = ",".join(f"{t}:{p}:{a}-{b}" for (t, p), (a, b) in sorted(ranges.items()))
         columns: dict[str, Sequence[str]] = {"pages": PAGE_COLUMNS,
                                              "fetch_events": EVENT_COLUMNS,
@@ -150,8 +159,8 @@ class StoreStage:
             self.status.add(f"stored_{table}", len(table_rows))
         return {tp: b + 1 for tp, (_, b) in ranges.items()}
 
-    def _route(self, msg: Message, event_id: str, rows: dict[str, list[tuple[Any, ...]]]) -> None:
-        topic = msg.topic()
+    def _route(self, msg: Message, event_id: str, rows: dict[str, list[Sequence[Any]]]) -> None:
+        topic = tp_of(msg)[0]
         if topic == self.topology.parsed:
             rows["pages"].append(page_row(self.codec.decode("ParsedPage", msg.value(),
                                                             msg.headers())))

@@ -305,8 +305,8 @@ def demo_cmd(port: Annotated[int, typer.Option()] = 18080,
     for r in rows:
         t.add_row(*(str(v) for v in r))
     console.print(t)
-    console.print("query more with: crawlfleet sql \"SELECT url, title FROM pages_v LIMIT 10\""
-                  + (f" --data-dir {data_dir}" if data_dir else ""))
+    hint = 'crawlfleet sql "SELECT url, title FROM pages_v LIMIT 10"'
+    console.print(f"query more with: {hint}" + (f" --data-dir {data_dir}" if data_dir else ""))
     if not summary.drained:
         raise typer.Exit(1)
 

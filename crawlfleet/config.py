@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -19,7 +20,8 @@ from crawlfleet import __version__
 from crawlfleet.errors import ConfigError
 
 ENV_PREFIX = "CRAWLFLEET_"
-DEFAULT_USER_AGENT = f"crawlfleet/{__version__} (+https://github.com/crawlfleet/crawlfleet; polite bot)"
+DEFAULT_USER_AGENT = (f"crawlfleet/{__version__} "
+                      "(+https://github.com/crawlfleet/crawlfleet; polite bot)")
 
 
 class Secret:
@@ -143,6 +145,8 @@ def _problems(s: Settings) -> list[str]:
     out: list[str] = []
     if s.target_mode not in ("host", "domain"):
         out.append(f"target_mode must be 'host' or 'domain', not {s.target_mode!r}")
+    if not re.fullmatch(r"[A-Za-z0-9._-]*", s.topic_prefix):
+        out.append("topic_prefix may only contain letters, digits, '.', '_' and '-'")
     if s.scope not in ("same-target", "any"):
         out.append(f"scope must be same-target or any, not {s.scope!r}")
     for name in ("partitions", "replication", "max_inflight", "max_buffered", "max_attempts",

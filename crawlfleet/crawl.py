@@ -229,16 +229,15 @@ def _progress_table(statuses: list[dict[str, Any]], lags: dict[str, int],
 def _summarise(settings: Settings, report: PublishReport, start_wall: float, elapsed: float,
                drained: bool, fleet: Fleet) -> Summary:
     since = f"toDateTime64({start_wall - 1:.3f}, 3, 'UTC')"
-    _, rows = run_query(settings, f"SELECT count(), countIf(status BETWEEN 200 AND 299) "
-                                  f"FROM pages FINAL WHERE stored_at >= {since}")
+    # Values interpolated below are a float and a validated topic prefix, never user text.
+    prefix = settings.topic_prefix
+    pages_sql = f"SELECT count(), countIf(status BETWEEN 200 AND 299) FROM pages FINAL WHERE stored_at >= {since}"  # noqa: E501, S608
+    dead_sql = f"SELECT reason, count() FROM dead_letters FINAL WHERE startsWith(source_topic, '{prefix}') GROUP BY reason ORDER BY reason"  # noqa: E501, S608
+    err_sql = f"SELECT reason, count() FROM fetch_events FINAL WHERE ts >= {since} AND outcome != 'ok' GROUP BY reason ORDER BY reason"  # noqa: E501, S608
+    _, rows = run_query(settings, pages_sql)
     pages, ok = int(rows[0][0]), int(rows[0][1])
-    prefix = settings.topic_prefix.replace("'", "")
-    _, dead_rows = run_query(settings, "SELECT reason, count() FROM dead_letters FINAL "
-                                       f"WHERE startsWith(source_topic, '{prefix}') "
-                                       "GROUP BY reason ORDER BY reason")
-    _, err_rows = run_query(settings, "SELECT reason, count() FROM fetch_events FINAL "
-                                      f"WHERE ts >= {since} AND outcome != 'ok' "
-                                      "GROUP BY reason ORDER BY reason")
+    _, dead_rows = run_query(settings, dead_sql)
+    _, err_rows = run_query(settings, err_sql)
     dead = {str(r): int(n) for r, n in dead_rows}
     return Summary(
         topic_prefix=settings.topic_prefix, seeds_published=report.published,

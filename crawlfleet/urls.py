@@ -87,7 +87,7 @@ def resolve_link(base: str, href: str) -> str | None:
         return None
     try:
         return canonicalize(urljoin(base, href))
-    except InvalidURLError:
+    except (InvalidURLError, ValueError):  # urljoin raises ValueError on a bad IPv6 literal
         return None
 
 
@@ -97,7 +97,7 @@ def check_address(ip: str, allow_private: bool) -> None:
     if allow_private:
         return
     if (addr.is_private or addr.is_loopback or addr.is_link_local or addr.is_multicast
-            or addr.is_reserved or addr.is_unspecified):
+            or addr.is_reserved or addr.is_unspecified or not addr.is_global):
         raise ForbiddenAddressError(f"address {ip} is private/loopback/link-local; "
                                     "pass --allow-private to crawl it")
 

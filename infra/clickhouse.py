@@ -111,7 +111,7 @@ class QueryServer:
         store_ref = store
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 sql = self.rfile.read(int(self.headers.get("Content-Length", "0"))).decode()
                 try:
                     cols, rows = store_ref.query(sql)
@@ -127,7 +127,7 @@ class QueryServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: Any) -> None:
                 return
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
 
+# confluent-kafka 2.16's typed admin package re-exports NewTopic without marking it public.
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from consumers.runtime import topology_of
 from crawlfleet.config import Settings
 from crawlfleet.errors import InfraError
-from consumers.runtime import topology_of
 
 
 def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]:

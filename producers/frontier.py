@@ -45,7 +45,7 @@ def parse_line(line: str, settings: Settings) -> dict[str, Any] | None:
         profile = str(obj.get("profile") or profile)
         try:
             priority = int(obj.get("priority", 0))
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: Infinity, 1e999
             raise InvalidURLError("'priority' must be an integer") from exc
         raw_meta = obj.get("meta") or {}
         if not isinstance(raw_meta, dict):

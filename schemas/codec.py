@@ -28,7 +28,9 @@ _FILE_RE = re.compile(r"^(?P<name>[a-z_]+)\.v(?P<version>\d+)\.avsc$")
 # Load order matters: records that reference CrawlJob by name come after it.
 _BASE_FIRST = ("crawl_job",)
 
-Headers = list[tuple[str, bytes]]
+#: Kafka record headers as confluent-kafka produces and returns them.
+Headers = list[tuple[str, str | bytes | None]]
+HeadersIn = Headers | dict[str, str | bytes | None] | None
 
 
 @dataclass(frozen=True)
@@ -72,11 +74,13 @@ class Codec:
         fastavro.schemaless_writer(buf, sv.parsed, value)
         return buf.getvalue(), [(HEADER_SCHEMA, sv.fingerprint.encode())]
 
-    def decode(self, record: str, payload: bytes | None,
-               headers: Headers | None) -> dict[str, Any]:
+    def decode(self, record: str, payload: bytes | str | None,
+               headers: HeadersIn) -> dict[str, Any]:
         """Decode a payload written with any known version of ``record``."""
         if payload is None:
             raise DecodeError(f"{record}: empty value")
+        if isinstance(payload, str):
+            payload = payload.encode()
         fp = _header(headers, HEADER_SCHEMA)
         if fp is None:
             raise DecodeError(f"{record}: missing {HEADER_SCHEMA} header")
@@ -87,10 +91,12 @@ class Codec:
         if writer.record != reader.record:
             raise DecodeError(f"{record}: record was written as {writer.record}")
         try:
-            result: dict[str, Any] = fastavro.schemaless_reader(
-                io.BytesIO(payload), writer.parsed, reader.parsed)
+            result = fastavro.schemaless_reader(io.BytesIO(payload), writer.parsed,
+                                                reader.parsed)
         except Exception as exc:  # fastavro raises assorted types on corrupt bytes
             raise DecodeError(f"{record}: corrupt payload ({type(exc).__name__}: {exc})") from exc
+        if not isinstance(result, dict):
+            raise DecodeError(f"{record}: payload is not a record")
         return result
 
 
@@ -100,8 +106,11 @@ def _load(path: Path, name: str, version: int, latest: dict[str, SchemaVersion])
     for sv in latest.values():  # make referenced records (the newest of each) resolvable
         fastavro.parse_schema(sv.parsed, named_schemas=named)
     parsed = fastavro.parse_schema(raw, named_schemas=named)
-    canonical = to_parsing_canonical_form(parsed)
-    return SchemaVersion(path.name, parsed["name"], version, parsed,
+    # Fingerprint the expanded schema: with referenced records (CrawlJob) left as bare names,
+    # records embedding different CrawlJob versions would share one fingerprint.
+    canonical = to_parsing_canonical_form(fastavro.parse_schema(parsed, expand=True))
+    return SchemaVersion(path.name, str(raw["namespace"]) + "." + str(raw["name"]), version,
+                         parsed,
                          fingerprint(canonical, "CRC-64-AVRO"))
 
 
@@ -114,8 +123,9 @@ def _full(record: str) -> str:
     return record if "." in record else f"crawlfleet.{record}"
 
 
-def _header(headers: Headers | None, name: str) -> str | None:
-    for k, v in headers or ():
+def _header(headers: HeadersIn, name: str) -> str | None:
+    pairs = headers.items() if isinstance(headers, dict) else (headers or ())
+    for k, v in pairs:
         if k == name:
             return v.decode() if isinstance(v, bytes) else str(v)
     return None

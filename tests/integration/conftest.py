@@ -1,0 +1,52 @@
+"""Fixtures for tests against the real local Kafka broker and the real chDB engine.
+
+One single-node broker serves the whole session on a port of its own (39092), with its own
+home under ``.crawlfleet/test-kafka``; each test isolates itself with a unique topic prefix
+(topics and consumer groups) and a temporary data dir (chDB store). Nothing is mocked and
+nothing is skipped: if the broker cannot start, the tests fail and say why.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from crawlfleet.config import Settings, load_settings
+from infra import kafka_local
+from infra.demo_site import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+TEST_PORT = 39092
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """A real broker for the session; stopped at the end."""
+    jars = kafka_local.ensure_jars()  # default home: downloaded once per checkout
+    home = REPO / ".crawlfleet" / "test-kafka"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(kafka_local.JARS_ENV, str(jars))
+        bootstrap = kafka_local.up(nodes=1, base_dir=home, base_port=TEST_PORT, heap_mb=512)
+        try:
+            yield bootstrap
+        finally:
+            kafka_local.down(home)
+
+
+@pytest.fixture
+def settings(kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """Settings for one test: its own topics, groups and chDB store."""
+    for key in [k for k in os.environ if k.startswith("CRAWLFLEET_")]:
+        monkeypatch.delenv(key)
+    return load_settings(bootstrap_servers=kafka_bootstrap, data_dir=tmp_path / "data",
+                         topic_prefix=f"t{uuid.uuid4().hex[:10]}.", allow_private=True,
+                         partitions=4, rate_cap=20.0)
+
+
+@pytest.fixture
+def site_port() -> int:
+    return free_port(("127.0.0.2", "127.0.0.3", "127.0.0.4"), 18600)

@@ -1,0 +1,287 @@
+"""The registry-free Avro codec: round trips, schema evolution and decode failures."""
+
+from __future__ import annotations
+
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crawlfleet.errors import DecodeError
+from schemas.codec import SCHEMA_DIR, Codec, default_codec
+from schemas.topics import HEADER_SCHEMA
+
+TS_MS = 1_700_000_000_123
+TS = datetime.fromtimestamp(TS_MS / 1000, UTC)
+
+JOB: dict[str, Any] = {
+    "url": "https://example.com/dir/page?a=1&b=2",
+    "target": "example.com",
+    "profile": "default",
+    "depth": 2,
+    "attempt": 1,
+    "parent_url": "https://example.com/dir/",
+    "last_error": "timeout",
+    "priority": 1,
+    "meta": {"source": "seeds.txt", "campaign": "ünïcode ✓"},
+    "delay_ms": 15_000,
+}
+
+V1_FIELDS = ("url", "target", "profile", "depth", "attempt", "parent_url", "last_error")
+
+
+def fetch_result() -> dict[str, Any]:
+    return {
+        "job": JOB,
+        "final_url": "https://example.com/dir/page/?a=1&b=2",
+        "status": 200,
+        "content_type": "text/html; charset=utf-8",
+        "body": b"<html><title>t</title>\x00\xff binary-safe</html>",
+        "fetched_at_ms": TS_MS,
+        "elapsed_ms": 123,
+        "redirects": ["https://example.com/dir/page?a=1&b=2"],
+        "worker": "fetch-1@host",
+    }
+
+
+def parsed_page() -> dict[str, Any]:
+    return {
+        "dedupe_key": "default|https://example.com/",
+        "url": "https://example.com/",
+        "final_url": "https://example.com/",
+        "target": "example.com",
+        "profile": "default",
+        "depth": 0,
+        "status": 200,
+        "content_type": "text/html",
+        "title": "Example Domain",
+        "text": "This domain is for use in illustrative examples. Ça va?",
+        "links": ["https://example.com/a", "https://www.iana.org/domains/example"],
+        "body_bytes": 1256,
+        "fetched_at_ms": TS_MS,
+        "fetch_worker": "fetch-1",
+        "parse_worker": "parse-3",
+    }
+
+
+def dead_letter_with_job() -> dict[str, Any]:
+    return {
+        "job": JOB,
+        "raw": None,
+        "source_topic": "crawl.frontier",
+        "reason": "server_error",
+        "error": "HTTP 503 from https://example.com/ after 3 attempts",
+        "attempts": 3,
+        "worker": "fetch-2",
+        "version": "0.1.0",
+        "failed_at_ms": TS_MS,
+    }
+
+
+def dead_letter_raw() -> dict[str, Any]:
+    return {
+        "job": None,
+        "raw": b"\x00\x01garbage",
+        "source_topic": "crawl.fetched",
+        "reason": "undecodable",
+        "error": "FetchResult: missing cf-schema header",
+        "attempts": 0,
+        "worker": "parse-1",
+        "version": "0.1.0",
+        "failed_at_ms": TS_MS,
+    }
+
+
+def fetch_event() -> dict[str, Any]:
+    return {
+        "url": "https://example.com/",
+        "target": "example.com",
+        "profile": "default",
+        "attempt": 0,
+        "status": 429,
+        "outcome": "retry",
+        "reason": "http_429",
+        "elapsed_ms": 40,
+        "bytes": 0,
+        "worker": "fetch-1",
+        "fetcher_version": "aiohttp/3.14.5",
+        "http_version": "HTTP/1.1",
+        "tls_version": "TLSv1.3",
+        "profile_bundle_version": "1",
+        "code_revision": "0.1.0",
+        "ts_ms": TS_MS,
+    }
+
+
+def _with_ts(value: dict[str, Any], *fields: str) -> dict[str, Any]:
+    """timestamp-millis fields are read back as aware datetimes."""
+    return {**value, **{f: TS for f in fields}}
+
+
+ROUND_TRIPS = [
+    ("CrawlJob", JOB, JOB),
+    ("FetchResult", fetch_result(), _with_ts(fetch_result(), "fetched_at_ms")),
+    ("ParsedPage", parsed_page(), _with_ts(parsed_page(), "fetched_at_ms")),
+    ("DeadLetter", dead_letter_with_job(), _with_ts(dead_letter_with_job(), "failed_at_ms")),
+    ("DeadLetter", dead_letter_raw(), _with_ts(dead_letter_raw(), "failed_at_ms")),
+    ("Seen", {"state": "RETRYING", "attempt": 2, "status": 503},
+     {"state": "RETRYING", "attempt": 2, "status": 503}),
+    ("Seen", {"state": "DONE", "attempt": 0, "status": 200},
+     {"state": "DONE", "attempt": 0, "status": 200}),
+    ("Control", {"kind": "cap", "target": "example.com", "value": 0.5, "text": None,
+                 "issued_by": "ops@cli"},
+     {"kind": "cap", "target": "example.com", "value": 0.5, "text": None,
+      "issued_by": "ops@cli"}),
+    ("Control", {"kind": "pause", "target": None, "value": None, "text": "maintenance",
+                 "issued_by": ""},
+     {"kind": "pause", "target": None, "value": None, "text": "maintenance", "issued_by": ""}),
+    ("FetchEvent", fetch_event(), _with_ts(fetch_event(), "ts_ms")),
+]
+
+
+@pytest.fixture(scope="module")
+def codec() -> Codec:
+    return default_codec()
+
+
+@pytest.mark.parametrize(("record", "value", "expected"), ROUND_TRIPS,
+                         ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(ROUND_TRIPS)])
+def test_round_trip(codec: Codec, record: str, value: dict[str, Any],
+                    expected: dict[str, Any]) -> None:
+    payload, headers = codec.encode(record, value)
+    assert headers == [(HEADER_SCHEMA, codec.latest(record).fingerprint.encode())]
+    assert codec.decode(record, payload, headers) == expected
+
+
+def test_every_record_type_is_known(codec: Codec) -> None:
+    for record in ("CrawlJob", "FetchResult", "ParsedPage", "DeadLetter", "Seen", "Control",
+                   "FetchEvent"):
+        assert codec.latest(record).record == f"crawlfleet.{record}"
+        assert codec.latest(f"crawlfleet.{record}") is codec.latest(record)
+
+
+def test_fingerprints_are_unique_and_hex(codec: Codec) -> None:
+    all_versions = [v for r in ("CrawlJob", "FetchResult", "ParsedPage", "DeadLetter", "Seen",
+                                "Control", "FetchEvent") for v in codec.versions(r)]
+    fps = [v.fingerprint for v in all_versions]
+    assert len(set(fps)) == len(fps)
+    for fp in fps:
+        assert len(fp) == 16
+        int(fp, 16)
+
+
+def test_fingerprints_are_stable_across_instances(codec: Codec) -> None:
+    other = Codec()
+    for record in ("CrawlJob", "FetchResult", "DeadLetter", "Seen"):
+        assert other.latest(record).fingerprint == codec.latest(record).fingerprint
+
+
+# --- schema evolution ---------------------------------------------------------------------
+
+
+def test_crawljob_versions_are_ordered(codec: Codec) -> None:
+    versions = codec.versions("CrawlJob")
+    assert [v.version for v in versions] == [1, 2]
+    assert versions[-1] is codec.latest("CrawlJob")
+    assert versions[0].fingerprint != versions[1].fingerprint
+
+
+def test_v1_crawljob_is_read_by_v2_reader_with_defaults(codec: Codec) -> None:
+    v1 = codec.versions("CrawlJob")[0]
+    old = {k: JOB[k] for k in V1_FIELDS}
+    payload, headers = codec.encode("CrawlJob", old, version=v1)
+    assert headers == [(HEADER_SCHEMA, v1.fingerprint.encode())]
+    decoded = codec.decode("CrawlJob", payload, headers)
+    assert decoded == {**old, "priority": 0, "meta": {}, "delay_ms": 0}
+
+
+def test_v1_payload_differs_from_v2_payload(codec: Codec) -> None:
+    v1 = codec.versions("CrawlJob")[0]
+    old = {k: JOB[k] for k in V1_FIELDS}
+    p1, _ = codec.encode("CrawlJob", old, version=v1)
+    p2, _ = codec.encode("CrawlJob", {**old, "priority": 0, "meta": {}, "delay_ms": 0})
+    assert p1 != p2  # so reading with the writer schema from the header really matters
+
+
+def test_encoding_a_record_missing_required_fields_fails(codec: Codec) -> None:
+    # Writers must supply every field; leaving out a required one is a bug, not a default.
+    with pytest.raises((ValueError, TypeError, KeyError)):
+        codec.encode("CrawlJob", {"url": "https://example.com/"})
+
+
+def _schema_dir(tmp_path: Path, name: str, files: list[str]) -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    for f in files:
+        shutil.copy(SCHEMA_DIR / f, d / f)
+    return d
+
+
+def test_records_embedding_different_crawljob_versions_have_different_fingerprints(
+        tmp_path: Path) -> None:
+    """A FetchResult embedding a v1 CrawlJob is a different writer schema than one embedding
+    v2; sharing a fingerprint would make a reader decode old bytes with the wrong schema."""
+    old = Codec(_schema_dir(tmp_path, "old", ["crawl_job.v1.avsc", "fetch_result.v1.avsc"]))
+    new = Codec(_schema_dir(tmp_path, "new", ["crawl_job.v1.avsc", "crawl_job.v2.avsc",
+                                              "fetch_result.v1.avsc"]))
+    assert old.latest("FetchResult").fingerprint != new.latest("FetchResult").fingerprint
+    value = {**fetch_result(), "job": {k: JOB[k] for k in V1_FIELDS}}
+    payload, headers = old.encode("FetchResult", value)
+    with pytest.raises(DecodeError):
+        new.decode("FetchResult", payload, headers)
+
+
+# --- decode failures ----------------------------------------------------------------------
+
+
+def test_missing_header(codec: Codec) -> None:
+    payload, _ = codec.encode("CrawlJob", JOB)
+    with pytest.raises(DecodeError, match="header"):
+        codec.decode("CrawlJob", payload, None)
+    with pytest.raises(DecodeError, match="header"):
+        codec.decode("CrawlJob", payload, [])
+    with pytest.raises(DecodeError, match="header"):
+        codec.decode("CrawlJob", payload, [("other", b"x")])
+
+
+def test_unknown_fingerprint(codec: Codec) -> None:
+    payload, _ = codec.encode("CrawlJob", JOB)
+    with pytest.raises(DecodeError, match="unknown"):
+        codec.decode("CrawlJob", payload, [(HEADER_SCHEMA, b"0123456789abcdef")])
+
+
+def test_header_found_among_others(codec: Codec) -> None:
+    payload, headers = codec.encode("CrawlJob", JOB)
+    assert codec.decode("CrawlJob", payload, [("cf-target", b"example.com"), *headers]) == JOB
+
+
+@pytest.mark.parametrize("mangle", [
+    lambda p: p[: len(p) // 2],  # truncated
+    lambda p: b"",
+    lambda p: b"\xff" * 12,  # varint never terminates / absurd lengths
+    lambda p: b"\x7f" + p[1:],  # string length far beyond the payload
+])
+def test_corrupt_payload(codec: Codec, mangle: Any) -> None:
+    payload, headers = codec.encode("CrawlJob", JOB)
+    with pytest.raises(DecodeError, match="corrupt"):
+        codec.decode("CrawlJob", mangle(payload), headers)
+
+
+def test_none_payload(codec: Codec) -> None:
+    _, headers = codec.encode("CrawlJob", JOB)
+    with pytest.raises(DecodeError):
+        codec.decode("CrawlJob", None, headers)
+
+
+def test_record_of_another_type(codec: Codec) -> None:
+    payload, headers = codec.encode("Seen", {"state": "DONE", "attempt": 0, "status": 200})
+    with pytest.raises(DecodeError, match="Seen"):
+        codec.decode("CrawlJob", payload, headers)
+
+
+def test_decode_error_is_fatal_with_reason() -> None:
+    err = DecodeError("x")
+    assert not err.retryable
+    assert err.reason == "undecodable"

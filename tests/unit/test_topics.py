@@ -1,0 +1,155 @@
+"""The topology: partitioning like Kafka's Java client, topic configs, retry tiers."""
+
+from __future__ import annotations
+
+import random
+import string
+
+import pytest
+
+from schemas.topics import RETRY_DELAYS_S, Topology, _murmur2, partition_for
+
+# Vectors from Kafka's own tests (org.apache.kafka.common.utils.UtilsTest#testMurmur2).
+MURMUR2_VECTORS = [
+    (b"21", -973932308),
+    (b"foobar", -790332482),
+    (b"a-little-bit-long-string", -985981536),
+    (b"a-little-bit-longer-string", -1486304829),
+    (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
+    (b"abc", 479470107),
+]
+
+
+@pytest.mark.parametrize(("data", "expected"), MURMUR2_VECTORS)
+def test_murmur2_matches_kafka(data: bytes, expected: int) -> None:
+    assert _murmur2(data) == expected
+
+
+@pytest.mark.parametrize(("data", "expected"), MURMUR2_VECTORS)
+@pytest.mark.parametrize("n", [1, 3, 12, 100])
+def test_partition_for_matches_java_default_partitioner(data: bytes, expected: int,
+                                                        n: int) -> None:
+    assert partition_for(data.decode(), n) == (expected & 0x7FFFFFFF) % n
+
+
+def test_murmur2_covers_every_tail_length() -> None:
+    # lengths 0..3 mod 4 take different tail branches; results must be 32-bit signed ints
+    # and differ from each other.
+    values = {_murmur2(b"abcd"[:k] + b"wxyz") for k in range(4)}
+    assert len(values) == 4
+    for k in range(9):
+        h = _murmur2(b"x" * k)
+        assert -(2**31) <= h < 2**31
+
+
+def test_partition_for_is_stable_and_in_range() -> None:
+    rng = random.Random(1)
+    targets = ["".join(rng.choices(string.ascii_lowercase + ".-", k=rng.randint(1, 40)))
+               for _ in range(500)]
+    for t in targets:
+        p = partition_for(t, 12)
+        assert 0 <= p < 12
+        assert partition_for(t, 12) == p
+        assert (_murmur2(t.encode()) & 0x7FFFFFFF) % 12 == p
+
+
+def test_partition_for_spreads_targets() -> None:
+    counts = [0] * 12
+    for i in range(1200):
+        counts[partition_for(f"site{i}.example.com", 12)] += 1
+    assert min(counts) > 50  # roughly uniform, no dead partitions
+
+
+def test_partition_for_unicode_target_uses_utf8() -> None:
+    assert partition_for("bücher.de", 12) == (_murmur2("bücher.de".encode()) & 0x7FFFFFFF) % 12
+
+
+# --- topology -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("partitions", [1, 12, 30])
+def test_target_partitioned_topics_share_partition_count(partitions: int) -> None:
+    topo = Topology(partitions=partitions)
+    by_target = [s for s in topo.specs() if s.by_target]
+    assert {s.name for s in by_target} >= {topo.frontier, topo.frontier_high, topo.fetched,
+                                           topo.parsed, topo.seen, *topo.retry_topics}
+    assert {s.partitions for s in by_target} == {partitions}
+
+
+def test_topic_names_are_unique_and_prefixed() -> None:
+    topo = Topology(prefix="t42.")
+    names = [s.name for s in topo.specs()]
+    assert len(names) == len(set(names))
+    assert all(n.startswith("t42.crawl.") for n in names)
+    assert topo.group("fetch") == "t42.crawlfleet-fetch"
+    assert Topology().frontier == "crawl.frontier"
+
+
+def test_seen_is_compacted() -> None:
+    topo = Topology(seen_retention_ms=123_456)
+    seen = topo.spec(topo.seen)
+    assert "compact" in seen.config["cleanup.policy"].split(",")
+    assert seen.config["retention.ms"] == "123456"
+    assert seen.record == "Seen"
+    assert seen.by_target
+
+
+def test_control_is_compact_single_partition() -> None:
+    topo = Topology(partitions=24)
+    control = topo.spec(topo.control)
+    assert control.config["cleanup.policy"] == "compact"
+    assert control.partitions == 1
+    assert not control.by_target
+    assert control.record == "Control"
+
+
+def test_retry_topics_use_log_append_time() -> None:
+    topo = Topology()
+    assert topo.retry_topics == [f"crawl.retry.{d}s" for d in RETRY_DELAYS_S]
+    for name in topo.retry_topics:
+        spec = topo.spec(name)
+        assert spec.config["message.timestamp.type"] == "LogAppendTime"
+        assert spec.record == "CrawlJob"
+    for spec in topo.specs():
+        if spec.name not in topo.retry_topics:
+            assert "message.timestamp.type" not in spec.config
+
+
+def test_other_topics_delete_and_records() -> None:
+    topo = Topology()
+    records = {s.name: s.record for s in topo.specs()}
+    assert records[topo.frontier] == "CrawlJob"
+    assert records[topo.frontier_high] == "CrawlJob"
+    assert records[topo.fetched] == "FetchResult"
+    assert records[topo.parsed] == "ParsedPage"
+    assert records[topo.dead] == "DeadLetter"
+    assert records[topo.telemetry] == "FetchEvent"
+    for name in (topo.frontier, topo.fetched, topo.parsed, topo.dead, topo.telemetry):
+        assert topo.spec(name).config["cleanup.policy"] == "delete"
+
+
+def test_min_insync_replicas_follows_replication() -> None:
+    assert {s.config["min.insync.replicas"] for s in Topology(replication=1).specs()} == {"1"}
+    assert {s.config["min.insync.replicas"] for s in Topology(replication=3).specs()} == {"2"}
+    assert {s.replication for s in Topology(replication=3).specs()} == {3}
+
+
+def test_spec_unknown_name() -> None:
+    with pytest.raises(KeyError):
+        Topology().spec("crawl.nope")
+
+
+@pytest.mark.parametrize(
+    ("wait", "tier"),
+    [(0, 2), (0.5, 2), (2, 2), (2.01, 15), (15, 15), (16, 120), (120, 120), (121, 120),
+     (10_000, 120)],
+)
+def test_retry_tier_for(wait: float, tier: int) -> None:
+    assert Topology().retry_tier_for(wait) == tier
+
+
+def test_retry_tiers_are_sorted_topics() -> None:
+    assert list(RETRY_DELAYS_S) == sorted(RETRY_DELAYS_S)
+    topo = Topology()
+    for d in RETRY_DELAYS_S:
+        assert topo.retry(topo.retry_tier_for(d)) in topo.retry_topics

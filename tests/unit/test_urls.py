@@ -1,0 +1,224 @@
+"""URL canonicalisation, targets, link resolution and the SSRF guard."""
+
+from __future__ import annotations
+
+import pytest
+
+from crawlfleet.errors import ForbiddenAddressError, InvalidURLError
+from crawlfleet.urls import (
+    MAX_URL_LENGTH,
+    canonicalize,
+    check_address,
+    dedupe_key,
+    resolve_link,
+    target_of,
+)
+
+# --- canonicalize -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "canonical"),
+    [
+        ("HTTP://Example.COM/Path", "http://example.com/Path"),  # path case is kept
+        ("HtTpS://WWW.Example.Com/", "https://www.example.com/"),
+        ("http://example.com:80/a", "http://example.com/a"),
+        ("https://example.com:443/a", "https://example.com/a"),
+        ("http://example.com:443/a", "http://example.com:443/a"),  # 443 is not http's default
+        ("https://example.com:8443/a", "https://example.com:8443/a"),
+        ("http://example.com/a#section-2", "http://example.com/a"),
+        ("http://example.com", "http://example.com/"),
+        ("http://example.com?q=1", "http://example.com/?q=1"),
+        ("  http://example.com/a  ", "http://example.com/a"),
+        ("http://bücher.de/", "http://xn--bcher-kva.de/"),
+        ("http://BÜCHER.de/", "http://xn--bcher-kva.de/"),
+        ("http://127.0.0.1:8080/x", "http://127.0.0.1:8080/x"),
+        ("http://[::1]:8080/x", "http://[::1]:8080/x"),
+    ],
+)
+def test_canonicalize_normalises(raw: str, canonical: str) -> None:
+    assert canonicalize(raw) == canonical
+
+
+def test_query_order_does_not_matter() -> None:
+    a = canonicalize("http://example.com/p?b=2&a=1")
+    b = canonicalize("http://example.com/p?a=1&b=2")
+    assert a == b == "http://example.com/p?a=1&b=2"
+
+
+def test_canonicalize_is_idempotent() -> None:
+    for raw in ("HTTP://Example.COM:80/a b?z=1&a=2#f", "https://bücher.de:8443/straße?x=ü"):
+        once = canonicalize(raw)
+        assert canonicalize(once) == once
+
+
+def test_distinct_pages_stay_distinct() -> None:
+    assert canonicalize("http://example.com/a") != canonicalize("http://example.com/b")
+    assert canonicalize("http://example.com/") != canonicalize("https://example.com/")
+    assert canonicalize("http://example.com/?a=1") != canonicalize("http://example.com/?a=2")
+    assert canonicalize("http://example.com:8080/") != canonicalize("http://example.com/")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "",
+        "   ",
+        "ftp://example.com/file",
+        "file:///etc/passwd",
+        "javascript:alert(1)",
+        "mailto:someone@example.com",
+        "/relative/path",
+        "example.com/no-scheme",
+        "http:///no-host",
+        "http://example.com:99999/",
+        "http://example.com:port/",
+        "http://[::1/",
+        "http://example.com/" + "a" * MAX_URL_LENGTH,
+    ],
+)
+def test_canonicalize_rejects(raw: str) -> None:
+    with pytest.raises(InvalidURLError):
+        canonicalize(raw)
+
+
+def test_max_length_boundary() -> None:
+    prefix = "http://example.com/"
+    ok = prefix + "a" * (MAX_URL_LENGTH - len(prefix))
+    assert canonicalize(ok) == ok
+    with pytest.raises(InvalidURLError):
+        canonicalize(ok + "a")
+
+
+# --- target_of ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "mode", "target"),
+    [
+        ("https://www.example.com/a", "host", "www.example.com"),
+        ("https://www.example.com:8443/a", "host", "www.example.com"),
+        ("https://a.b.example.com/a", "domain", "example.com"),
+        ("https://example.com/a", "domain", "example.com"),
+        ("https://www.example.co.uk/a", "domain", "example.co.uk"),
+        ("https://a.b.example.co.uk/a", "domain", "example.co.uk"),
+        ("https://shop.example.com.au/", "domain", "example.com.au"),
+        ("https://www.example.co.uk/a", "host", "www.example.co.uk"),
+        ("http://10.1.2.3:8080/", "domain", "10.1.2.3"),
+        ("http://10.1.2.3:8080/", "host", "10.1.2.3"),
+        ("http://[2001:db8::1]/", "domain", "2001:db8::1"),
+        ("http://localhost:8080/", "domain", "localhost"),
+    ],
+)
+def test_target_of(url: str, mode: str, target: str) -> None:
+    assert target_of(url, mode) == target
+
+
+def test_target_of_defaults_to_host_mode() -> None:
+    assert target_of("https://www.example.com/") == "www.example.com"
+
+
+def test_domain_mode_does_not_keep_three_labels_for_a_long_tld() -> None:
+    # "co" is a second-level suffix only under a two-letter country code.
+    assert target_of("https://www.foo.co.travel/", "domain") == "co.travel"
+    assert target_of("https://a.example.org/", "domain") == "example.org"
+
+
+# --- resolve_link -------------------------------------------------------------------------
+
+BASE = "https://example.com/dir/page.html?x=1"
+
+
+@pytest.mark.parametrize(
+    ("href", "resolved"),
+    [
+        ("other.html", "https://example.com/dir/other.html"),
+        ("../up", "https://example.com/up"),
+        ("/abs", "https://example.com/abs"),
+        ("?q=2", "https://example.com/dir/page.html?q=2"),
+        ("//cdn.example.org/x", "https://cdn.example.org/x"),
+        ("https://Other.COM/p?b=1&a=2#frag", "https://other.com/p?a=2&b=1"),
+        ("  spaced.html  ", "https://example.com/dir/spaced.html"),
+        ("sub/#frag", "https://example.com/dir/sub/"),
+    ],
+)
+def test_resolve_link(href: str, resolved: str) -> None:
+    assert resolve_link(BASE, href) == resolved
+
+
+@pytest.mark.parametrize(
+    "href",
+    [
+        "",
+        "   ",
+        "#frag",
+        "#",
+        "javascript:void(0)",
+        " JavaScript:alert(1)",
+        "mailto:a@example.com",
+        "tel:+123456",
+        "data:text/html,hi",
+        "ftp://example.com/file",
+        "http://example.com:99999/",
+        "http://[broken-ipv6/",
+    ],
+)
+def test_resolve_link_not_crawlable(href: str) -> None:
+    assert resolve_link(BASE, href) is None
+
+
+# --- check_address ------------------------------------------------------------------------
+
+REFUSED = [
+    "127.0.0.1",
+    "127.8.9.10",
+    "::1",
+    "10.0.0.1",
+    "172.16.5.4",
+    "192.168.1.1",
+    "169.254.169.254",  # cloud metadata endpoint (link-local)
+    "fe80::1",
+    "fc00::1",
+    "0.0.0.0",
+    "224.0.0.1",
+    "::ffff:127.0.0.1",
+    "100.100.100.200",  # shared address space (RFC 6598), a cloud metadata endpoint too
+]
+
+
+@pytest.mark.parametrize("ip", REFUSED)
+def test_non_public_addresses_are_refused(ip: str) -> None:
+    with pytest.raises(ForbiddenAddressError):
+        check_address(ip, allow_private=False)
+
+
+@pytest.mark.parametrize("ip", REFUSED)
+def test_non_public_addresses_allowed_on_request(ip: str) -> None:
+    check_address(ip, allow_private=True)
+
+
+@pytest.mark.parametrize("ip", ["8.8.8.8", "1.1.1.1", "93.184.216.34", "2001:4860:4860::8888"])
+def test_public_addresses_are_allowed(ip: str) -> None:
+    check_address(ip, allow_private=False)
+
+
+def test_forbidden_address_is_an_invalid_url() -> None:
+    # Stages dead-letter InvalidURLError; a refused address must be handled the same way.
+    with pytest.raises(InvalidURLError):
+        check_address("127.0.0.1", allow_private=False)
+
+
+# --- dedupe_key ---------------------------------------------------------------------------
+
+
+def test_dedupe_key_combines_profile_and_url() -> None:
+    url = canonicalize("http://example.com/a")
+    assert dedupe_key("default", url) == "default|http://example.com/a"
+    assert dedupe_key("default", url) != dedupe_key("mobile", url)
+    assert dedupe_key("default", url) != dedupe_key("default", canonicalize("http://example.com/b"))
+
+
+def test_equivalent_urls_share_a_dedupe_key() -> None:
+    a = dedupe_key("p", canonicalize("HTTP://Example.com:80/x?b=2&a=1#top"))
+    b = dedupe_key("p", canonicalize("http://example.com/x?a=1&b=2"))
+    assert a == b
