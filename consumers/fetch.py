@@ -102,10 +102,15 @@ class _Session:
         self.lock = threading.Lock()
         self.kx = ThreadPoolExecutor(1, thread_name_prefix="kafka")
         self.sched: TargetScheduler[Pending] = TargetScheduler(self._base_interval)
-        self.seen = SeenStore()
+        self.seen = SeenStore(self.s.data_dir / "seen" / (self.s.topic_prefix.rstrip(".")
+                                                          or "default") / stage.worker)
         self.trackers: dict[TP, OffsetTracker] = {}
         self.epochs: dict[TP, int] = {}
         self.completed: list[Output] = []
+        # Dedupe state not yet committed (pending) or being committed: it reaches the seen
+        # store only after its transaction commits, so the store never holds aborted state.
+        self.pending_seen: dict[tuple[int, str], tuple[str, int]] = {}
+        self.committing_seen: dict[tuple[int, str], tuple[str, int]] = {}
         self.inflight_keys: set[str] = set()
         self.robots: dict[str, RobotsRules] = {}
         self.robots_expiry: dict[str, float] = {}
@@ -167,12 +172,15 @@ class _Session:
                 if tracker is not None and pos.offset >= 0:
                     tracker.advance_to(pos.offset)
             outputs, self.completed = self.completed, []
+            self.committing_seen, self.pending_seen = self.pending_seen, {}
             points = {tp: t.commit_point() for tp, t in self.trackers.items()}
         offsets = [TopicPartition(t, p, o) for (t, p), o in points.items() if o is not None]
         if not outputs and not offsets:
             return
         self.committer.commit(self.consumer, outputs, offsets)
+        self.seen.put_many((p, k, st, a) for (p, k), (st, a) in self.committing_seen.items())
         with self.lock:
+            self.committing_seen = {}
             for tp_ in offsets:
                 tracker = self.trackers.get((tp_.topic, tp_.partition))
                 if tracker is not None:
@@ -221,6 +229,7 @@ class _Session:
             self.consumer.close()
         if self.committer is not None:
             self.committer.close()
+        self.seen.close()
 
     async def _main_loop(self) -> None:
         last_commit = time.monotonic()
@@ -279,7 +288,9 @@ class _Session:
     def _is_duplicate(self, pj: Pending) -> bool:
         if pj.key in self.inflight_keys:
             return True
-        state = self.seen.get(pj.tp[1], pj.key)
+        ref = (pj.tp[1], pj.key)
+        state = self.pending_seen.get(ref) or self.committing_seen.get(ref) \
+            or self.seen.get(pj.tp[1], pj.key)
         if state is None:
             return False
         return state[0] != RETRYING or state[1] != pj.job["attempt"]
@@ -416,7 +427,7 @@ class _Session:
             if self.epochs.get(pj.tp) != pj.epoch:
                 return  # partition moved while we worked: drop, the new owner redoes it
             if seen_state is not None:
-                self.seen.put(pj.tp[1], pj.key, *seen_state)
+                self.pending_seen[(pj.tp[1], pj.key)] = seen_state
             self.completed.extend(outputs)
             tracker = self.trackers.get(pj.tp)
             if tracker is not None:

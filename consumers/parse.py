@@ -43,6 +43,7 @@ class ParseStage(BatchStage):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._recent = RecentSet()
+        self._allowed = frozenset(self.settings.allowed_targets)
 
     def input_topics(self) -> list[str]:
         return [self.topology.fetched]
@@ -78,7 +79,8 @@ class ParseStage(BatchStage):
         out = []
         for link in links:
             if not follow(link, job["target"], job["depth"], scope=s.scope,
-                          max_depth=s.max_depth, target_mode=s.target_mode):
+                          max_depth=s.max_depth, target_mode=s.target_mode,
+                          allowed=self._allowed):
                 continue
             if not self._recent.add(dedupe_key(job["profile"], link)):
                 continue

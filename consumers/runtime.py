@@ -30,6 +30,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from consumers import faults
 from crawlfleet import __version__
 from crawlfleet.config import Settings
 from crawlfleet.errors import CrawlfleetError, DecodeError, KafkaStageError
@@ -128,7 +129,9 @@ class TxnCommitter:
             if offsets:
                 meta = consumer.consumer_group_metadata()
                 self._run(lambda: self.producer.send_offsets_to_transaction(offsets, meta, 30))
+            faults.point("before_commit")
             self._run(lambda: self.producer.commit_transaction(30))
+            faults.point("after_commit")
         except TxnAbortedError:
             self._abort()
             raise

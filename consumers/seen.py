@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
+from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -25,7 +27,8 @@ DONE, RETRYING, DEAD = "DONE", "RETRYING", "DEAD"
 class SeenStore:
     """key (profile|canonical URL) → (state, attempt), held per partition."""
 
-    def __init__(self) -> None:
+    def __init__(self, directory: Path | None = None) -> None:
+        self.directory = directory
         self._parts: dict[int, dict[str, tuple[str, int]]] = {}
 
     def partitions(self) -> set[int]:
@@ -34,8 +37,15 @@ class SeenStore:
     def get(self, partition: int, key: str) -> tuple[str, int] | None:
         return self._parts.get(partition, {}).get(key)
 
-    def put(self, partition: int, key: str, state: str, attempt: int) -> None:
-        self._parts.setdefault(partition, {})[key] = (state, attempt)
+    def put_many(self, items: Iterable[tuple[int, str, str, int]]) -> None:
+        """Apply committed changes: (partition, key, state, attempt)."""
+        for partition, key, state, attempt in items:
+            part = self._parts.get(partition)
+            if part is not None:  # a partition revoked meanwhile is not ours to keep
+                part[key] = (state, attempt)
+
+    def close(self) -> None:
+        self._parts.clear()
 
     def drop(self, partition: int) -> None:
         self._parts.pop(partition, None)

@@ -16,6 +16,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from consumers import faults
 from consumers.runtime import (
     StatusFile,
     StopFlag,
@@ -157,6 +158,7 @@ class StoreStage:
         for table, table_rows in rows.items():
             self.store.insert(table, columns[table], table_rows, f"{table}|{token}")
             self.status.add(f"stored_{table}", len(table_rows))
+        faults.point("after_insert")
         return {tp: b + 1 for tp, (_, b) in ranges.items()}
 
     def _route(self, msg: Message, event_id: str, rows: dict[str, list[Sequence[Any]]]) -> None:

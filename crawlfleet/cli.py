@@ -205,6 +205,8 @@ def crawl_cmd(seeds: Annotated[str, typer.Argument(help="File of seed URLs / JSO
               rate_cap: Annotated[float | None, typer.Option(
                   help="Requests per second per target.")] = None,
               max_depth: Annotated[int | None, typer.Option(help="Link depth limit.")] = None,
+              scope: Annotated[str | None, typer.Option(
+                  help="same-target (default), seeds (the seeds' targets) or any.")] = None,
               fetch_workers: Annotated[int, typer.Option()] = 1,
               parse_workers: Annotated[int, typer.Option()] = 1,
               timeout: Annotated[float | None, typer.Option(help="Give up after seconds.")] = None,
@@ -215,7 +217,7 @@ def crawl_cmd(seeds: Annotated[str, typer.Argument(help="File of seed URLs / JSO
     try:
         s = _settings(config, bootstrap=bootstrap, clickhouse=clickhouse, data_dir=data_dir,
                       topic_prefix=topic_prefix, allow_private=allow_private or None,
-                      rate_cap=rate_cap, max_depth=max_depth)
+                      rate_cap=rate_cap, max_depth=max_depth, scope=scope)
         plan = crawl.Plan(fetch_workers=fetch_workers, parse_workers=parse_workers)
         lines = sys.stdin.readlines() if seeds == "-" else \
             Path(seeds).read_text(encoding="utf-8", errors="replace").splitlines()

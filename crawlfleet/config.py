@@ -89,8 +89,10 @@ class Settings:
     max_redirects: int = 5
     #: Allow private, loopback and link-local addresses (tests and the demo only).
     allow_private: bool = False
-    #: Link scope: ``same-target`` (links to the page's own target) or ``any``.
+    #: Link scope: ``same-target`` (the page's own target), ``seeds`` (any of
+    #: ``allowed_targets``, which ``crawl`` fills with the seeds' targets) or ``any``.
     scope: str = "same-target"
+    allowed_targets: tuple[str, ...] = ()
     #: Maximum link depth from a seed (0 = seeds only); negative means unlimited.
     max_depth: int = -1
     #: Attempts before a retryable failure is dead-lettered.
@@ -105,7 +107,7 @@ class Settings:
     commit_interval_s: float = 0.2
     #: Rows per ClickHouse insert batch (store stage), and the longest wait to fill one.
     store_batch_rows: int = 5000
-    store_batch_wait_s: float = 0.5
+    store_batch_wait_s: float = 0.25
     #: Code revision reported in telemetry's version tuple.
     code_revision: str = __version__
     profile_bundle_version: str = "1"
@@ -122,6 +124,14 @@ class Settings:
     @property
     def status_dir(self) -> Path:
         return self.data_dir / "status" / (self.topic_prefix.rstrip(".") or "default")
+
+    @property
+    def retry_horizon_s(self) -> float:
+        """Longest a job can spend waiting in retry tiers before its last attempt."""
+        from schemas.topics import RETRY_DELAYS_S
+        delays = [RETRY_DELAYS_S[min(i, len(RETRY_DELAYS_S) - 1)]
+                  for i in range(self.max_attempts - 1)]
+        return float(sum(delays)) * 2  # the retry stage may wait up to twice a tier delay
 
     def cap_for(self, target: str) -> float:
         return self.rate_caps.get(target, self.rate_cap)
@@ -147,8 +157,8 @@ def _problems(s: Settings) -> list[str]:
         out.append(f"target_mode must be 'host' or 'domain', not {s.target_mode!r}")
     if not re.fullmatch(r"[A-Za-z0-9._-]*", s.topic_prefix):
         out.append("topic_prefix may only contain letters, digits, '.', '_' and '-'")
-    if s.scope not in ("same-target", "any"):
-        out.append(f"scope must be same-target or any, not {s.scope!r}")
+    if s.scope not in ("same-target", "seeds", "any"):
+        out.append(f"scope must be same-target, seeds or any, not {s.scope!r}")
     for name in ("partitions", "replication", "max_inflight", "max_buffered", "max_attempts",
                  "store_batch_rows"):
         if getattr(s, name) < 1:
@@ -160,6 +170,10 @@ def _problems(s: Settings) -> list[str]:
     for target, cap in s.rate_caps.items():
         if cap <= 0:
             out.append(f"rate_caps[{target!r}] must be > 0")
+    horizon = s.retry_horizon_s + s.max_poll_interval_ms / 1000.0
+    if s.seen_ttl_s <= horizon:
+        out.append(f"seen_ttl_s ({s.seen_ttl_s:g}s) must exceed the retry horizon plus the "
+                   f"longest lease ({horizon:g}s), or a retried job could be fetched twice")
     if s.max_response_bytes < 1024:
         out.append("max_response_bytes must be >= 1024")
     if s.max_redirects < 0:
@@ -196,6 +210,9 @@ def _coerce(name: str, hint: Any, value: Any) -> Any:
             return float(value)
         if hint is str:
             return str(value)
+        if getattr(hint, "__origin__", None) is tuple:
+            items = value.split(",") if isinstance(value, str) else list(value)
+            return tuple(str(i).strip() for i in items if str(i).strip())
         if getattr(hint, "__origin__", None) is dict:
             if isinstance(value, str):
                 return {k.strip(): float(v) for k, v in

@@ -29,10 +29,10 @@ from infra import kafka_local
 from infra.clickhouse import run_query
 from infra.lag import LagProbe
 from infra.topics import create_topics
-from producers.frontier import PublishReport, publish
+from producers.frontier import PublishReport, jobs_from_lines, publish
 
 STAGES = ("fetch", "parse", "store", "retry")
-IDLE_S = 1.5
+IDLE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,10 @@ class Summary:
     dead_letters: int
     dead_by_reason: dict[str, int]
     errors_by_class: dict[str, int]
-    seconds: float
+    seconds: float  # wall time: start-up, crawl, drain detection
     pages_per_s: float
+    crawl_seconds: float  # first page fetched → last page stored (what peers time)
+    crawl_pages_per_s: float
     drained: bool
     restarts: int = 0
     statuses: list[dict[str, Any]] = field(default_factory=list)
@@ -71,6 +73,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
         v = getattr(settings, f.name)
         if isinstance(v, Secret):
             v = v.get()
+        elif isinstance(v, tuple):
+            v = ",".join(v)
         elif isinstance(v, dict):
             v = ",".join(f"{k}={x}" for k, x in v.items())
         elif isinstance(v, bool):
@@ -140,6 +144,9 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
     """Crawl from ``seeds`` until the pipeline drains (or ``timeout_s``); return a summary."""
     console = console or Console(stderr=True)
     settings = resolve_bootstrap(settings, start_local=True)
+    seeds = list(seeds)
+    if settings.scope == "seeds" and not settings.allowed_targets:
+        settings = settings.replace(allowed_targets=_seed_targets(seeds, settings))
     if not settings.topic_prefix:
         settings = settings.replace(topic_prefix=f"c{int(time.time())}.")
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -159,6 +166,11 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
     finally:
         fleet.stop()
     return summary
+
+
+def _seed_targets(lines: list[str], settings: Settings) -> tuple[str, ...]:
+    report = PublishReport()
+    return tuple(sorted({j["target"] for j in jobs_from_lines(lines, settings, report)}))
 
 
 def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float | None,
@@ -184,7 +196,7 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
                 live.update(_progress_table(statuses, lags, time.monotonic() - started))
                 if _calm(statuses, lags, fleet, topo.partitions):
                     calm_since = calm_since or time.monotonic()
-                    if time.monotonic() - calm_since >= 2.0:
+                    if time.monotonic() - calm_since >= 1.0:
                         return True
                 else:
                     calm_since = None
@@ -231,11 +243,11 @@ def _summarise(settings: Settings, report: PublishReport, start_wall: float, ela
     since = f"toDateTime64({start_wall - 1:.3f}, 3, 'UTC')"
     # Values interpolated below are a float and a validated topic prefix, never user text.
     prefix = settings.topic_prefix
-    pages_sql = f"SELECT count(), countIf(status BETWEEN 200 AND 299) FROM pages FINAL WHERE stored_at >= {since}"  # noqa: E501, S608
+    pages_sql = f"SELECT count(), countIf(status BETWEEN 200 AND 299), dateDiff('millisecond', min(fetched_at), max(stored_at)) FROM pages FINAL WHERE stored_at >= {since}"  # noqa: E501, S608
     dead_sql = f"SELECT reason, count() FROM dead_letters FINAL WHERE startsWith(source_topic, '{prefix}') GROUP BY reason ORDER BY reason"  # noqa: E501, S608
     err_sql = f"SELECT reason, count() FROM fetch_events FINAL WHERE ts >= {since} AND outcome != 'ok' GROUP BY reason ORDER BY reason"  # noqa: E501, S608
     _, rows = run_query(settings, pages_sql)
-    pages, ok = int(rows[0][0]), int(rows[0][1])
+    pages, ok, window_ms = int(rows[0][0]), int(rows[0][1]), int(rows[0][2] or 0)
     _, dead_rows = run_query(settings, dead_sql)
     _, err_rows = run_query(settings, err_sql)
     dead = {str(r): int(n) for r, n in dead_rows}
@@ -244,7 +256,10 @@ def _summarise(settings: Settings, report: PublishReport, start_wall: float, ela
         seed_errors=len(report.errors), pages_stored=pages, pages_ok=ok,
         dead_letters=sum(dead.values()), dead_by_reason=dead,
         errors_by_class={str(r): int(n) for r, n in err_rows}, seconds=round(elapsed, 3),
-        pages_per_s=round(pages / elapsed, 1) if elapsed > 0 else 0.0, drained=drained,
+        pages_per_s=round(pages / elapsed, 1) if elapsed > 0 else 0.0,
+        crawl_seconds=window_ms / 1000.0,
+        crawl_pages_per_s=round(pages * 1000.0 / window_ms, 1) if window_ms > 0 else 0.0,
+        drained=drained,
         restarts=fleet.restarts, statuses=read_statuses(settings.status_dir))
 
 
@@ -262,8 +277,10 @@ def print_summary(summary: Summary, console: Console) -> None:
         t.add_row(f"  dead: {reason}", str(n))
     for reason, n in summary.errors_by_class.items():
         t.add_row(f"  failed attempts: {reason}", str(n))
-    t.add_row("seconds", f"{summary.seconds:.1f}")
-    t.add_row("pages/s", f"{summary.pages_per_s:.1f}")
+    t.add_row("seconds (wall, incl. start-up)", f"{summary.seconds:.1f}")
+    t.add_row("pages/s (wall)", f"{summary.pages_per_s:.1f}")
+    t.add_row("first fetch → last store (s)", f"{summary.crawl_seconds:.1f}")
+    t.add_row("pages/s (first fetch → last store)", f"{summary.crawl_pages_per_s:.1f}")
     t.add_row("drained", "yes" if summary.drained else "no (timed out)")
     if summary.restarts:
         t.add_row("worker restarts", str(summary.restarts))
