@@ -24,6 +24,7 @@ import aiohttp
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from consumers.classify import Verdict, classify_status
+from consumers.control import ControlReader
 from consumers.http_fetch import HTTP_LIB_VERSION, TLS_LIB_VERSION, Fetcher, Response
 from consumers.offsets import OffsetTracker
 from consumers.robots import UNREACHABLE_RETRY_S, RobotsRules, rules_from_response
@@ -121,6 +122,9 @@ class _Session:
         self.loop = asyncio.get_running_loop()
         self.tasks: set[asyncio.Task[None]] = set()
         self.consumer: Consumer | None = None
+        self.control: ControlReader | None = None
+        self.robots_interval: dict[str, float] = {}
+        self.ctl_paused = False
         self.committer: TxnCommitter | None = None
 
     # --- Kafka thread -------------------------------------------------------------------
@@ -131,6 +135,8 @@ class _Session:
     def _setup(self) -> None:
         group = self.st.topology.group("fetch")
         self.committer = TxnCommitter(self.s, f"{group}-{self.st.worker}", self.st.worker)
+        self.control = ControlReader(self.s, self.st.topology.control, self.enc.codec)
+        self.control.poll(1.0)  # settings in force before the first job is dequeued
         self.consumer = Consumer(consumer_conf(self.s, group, self.st.worker))
         self.consumer.subscribe([self.st.topology.frontier_high, self.st.topology.frontier],
                                 on_assign=self._on_assign, on_revoke=self._on_revoke,
@@ -145,7 +151,7 @@ class _Session:
                 tp = (p.topic, p.partition)
                 self.trackers[tp] = OffsetTracker()
                 self.epochs[tp] = self.epochs.get(tp, 0) + 1
-        if self.paused:  # pause state does not survive a rebalance
+        if self.paused or self.ctl_paused:  # pause state does not survive a rebalance
             consumer.pause(partitions)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -189,16 +195,35 @@ class _Session:
         self.status.add("produced", len(outputs))
 
     def _poll(self, timeout: float) -> list[Message]:
-        assert self.consumer is not None
+        assert self.consumer is not None and self.control is not None
+        changed = self.control.poll(0)
         buffered = len(self.sched) + self.running
-        if not self.paused and buffered >= self.s.max_buffered:
-            self.consumer.pause(self.consumer.assignment())
-            self.paused = True
-        elif self.paused and buffered < self.s.max_buffered // 2:
-            self.consumer.resume(self.consumer.assignment())
-            self.paused = False
+        full = buffered >= self.s.max_buffered or (
+            self.paused and buffered >= self.s.max_buffered // 2)
+        want_paused = full or self.control.state.paused
+        if want_paused != (self.paused or self.ctl_paused):
+            if want_paused:
+                self.consumer.pause(self.consumer.assignment())
+            else:
+                self.consumer.resume(self.consumer.assignment())
+        self.paused, self.ctl_paused = full, self.control.state.paused
+        if changed:
+            self.loop.call_soon_threadsafe(self._apply_control)
         msgs: list[Message] = self.consumer.consume(500, timeout)
         return msgs
+
+    def _apply_control(self) -> None:
+        """Loop thread: re-derive target holds and intervals from the control state."""
+        assert self.control is not None
+        state = self.control.state
+        now = time.monotonic()
+        for target in self.sched.targets():
+            if state.target_paused(target):
+                self.sched.hold(target)
+            else:
+                self.sched.release(target, now)
+            self.sched.set_interval(target, self._interval(target))
+        self.wake.set()
 
     # --- event loop ---------------------------------------------------------------------
 
@@ -230,6 +255,8 @@ class _Session:
         if self.committer is not None:
             self.committer.close()
         self.seen.close()
+        if self.control is not None:
+            self.control.close()
 
     async def _main_loop(self) -> None:
         last_commit = time.monotonic()
@@ -296,12 +323,25 @@ class _Session:
         return state[0] != RETRYING or state[1] != pj.job["attempt"]
 
     def _base_interval(self, target: str) -> float:
-        return 1.0 / self.s.cap_for(target)
+        """Interval for a target first seen: its cap, and hold it if it is paused."""
+        if self.control is not None and self.control.state.target_paused(target):
+            self.loop.call_soon(self.sched.hold, target)
+        return self._interval(target)
+
+    def _cap(self, target: str) -> float:
+        live = self.control.state.caps.get(target) if self.control is not None else None
+        return live or self.s.cap_for(target)
+
+    def _interval(self, target: str) -> float:
+        """The stricter of the cap and robots.txt's Crawl-delay / Request-rate."""
+        return max(1.0 / self._cap(target), self.robots_interval.get(target, 0.0))
 
     async def _dispatch_loop(self) -> None:
         while True:
             now = time.monotonic()
             free = self.s.max_inflight - self.running
+            if self.ctl_paused:
+                free = 0  # a person paused the fleet: finish what is in flight, start nothing
             if free > 0:
                 for _, pj in self.sched.pop_ready(now, free):
                     if self.epochs.get(pj.tp) != pj.epoch:
@@ -313,7 +353,7 @@ class _Session:
                     task.add_done_callback(self.tasks.discard)
             due = self.sched.next_due()
             timeout = None if due is None or self.running >= self.s.max_inflight \
-                else max(0.0, due - time.monotonic())
+                or self.ctl_paused else max(0.0, due - time.monotonic())
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout)
@@ -464,8 +504,9 @@ class _Session:
             self.robots[origin] = rules
             ttl = UNREACHABLE_RETRY_S if rules.unreachable else self.s.robots_ttl_s
             self.robots_expiry[origin] = time.monotonic() + ttl
-            interval = max(1.0 / self.s.cap_for(target), rules.min_interval_s)
-            self.sched.set_interval(target, interval)
+            self.robots_interval[target] = max(self.robots_interval.get(target, 0.0),
+                                               rules.min_interval_s)
+            self.sched.set_interval(target, self._interval(target))
             fut.set_result(rules)
         finally:
             del self.robots_pending[origin]

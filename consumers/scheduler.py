@@ -32,6 +32,7 @@ class TargetScheduler(Generic[T]):
         self._slots: dict[str, _Slot[T]] = {}
         self._heap: list[tuple[float, str]] = []
         self._size = 0
+        self._held: set[str] = set()
 
     def __len__(self) -> int:
         return self._size
@@ -42,7 +43,7 @@ class TargetScheduler(Generic[T]):
             slot = self._slots[target] = _Slot(self._interval_for(target), next_at=now)
         slot.queue.append(job)
         self._size += 1
-        if not slot.scheduled:
+        if not slot.scheduled and target not in self._held:
             slot.scheduled = True
             heapq.heappush(self._heap, (max(slot.next_at, now), target))
 
@@ -76,7 +77,7 @@ class TargetScheduler(Generic[T]):
             if not slot.scheduled or at < slot.next_at:
                 continue  # stale entry, a later one exists
             slot.scheduled = False
-            if not slot.queue:
+            if not slot.queue or target in self._held:
                 continue
             out.append((target, slot.queue.popleft()))
             self._size -= 1
@@ -85,6 +86,20 @@ class TargetScheduler(Generic[T]):
                 slot.scheduled = True
                 heapq.heappush(self._heap, (slot.next_at, target))
         return out
+
+    def hold(self, target: str) -> None:
+        """Release nothing for ``target`` until :meth:`release` (a paused target)."""
+        self._held.add(target)
+
+    def release(self, target: str, now: float) -> None:
+        self._held.discard(target)
+        slot = self._slots.get(target)
+        if slot is not None and slot.queue and not slot.scheduled:
+            slot.scheduled = True
+            heapq.heappush(self._heap, (max(slot.next_at, now), target))
+
+    def targets(self) -> list[str]:
+        return list(self._slots)
 
     def next_due(self) -> float | None:
         return self._heap[0][0] if self._heap else None

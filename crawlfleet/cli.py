@@ -235,6 +235,92 @@ def crawl_cmd(seeds: Annotated[str, typer.Argument(help="File of seed URLs / JSO
         raise typer.Exit(1)
 
 
+# --- control -------------------------------------------------------------------------------
+
+TargetOpt = Annotated[str | None, typer.Option("--target", help="Only this target (host).")]
+
+
+def _control_settings(config: Path | None, bootstrap: str | None,
+                      topic_prefix: str | None) -> Settings:
+    from crawlfleet.crawl import resolve_bootstrap
+    return resolve_bootstrap(_settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix),
+                             False)
+
+
+@app.command("pause")
+def pause_cmd(target: TargetOpt = None, config: ConfigOpt = None,
+              bootstrap: BootstrapOpt = None, topic_prefix: PrefixOpt = None) -> None:
+    """Stop every fetch worker from dequeuing (globally or for one target); nothing is lost."""
+    from producers import control
+    try:
+        control.pause(_control_settings(config, bootstrap, topic_prefix), target)
+    except CrawlfleetError as exc:
+        _fail(exc)
+    console.print(f"paused {target or 'the whole fleet'}")
+
+
+@app.command("resume")
+def resume_cmd(target: TargetOpt = None, config: ConfigOpt = None,
+               bootstrap: BootstrapOpt = None, topic_prefix: PrefixOpt = None) -> None:
+    """Undo `crawlfleet pause` (globally or for one target)."""
+    from producers import control
+    try:
+        control.resume(_control_settings(config, bootstrap, topic_prefix), target)
+    except CrawlfleetError as exc:
+        _fail(exc)
+    console.print(f"resumed {target or 'the whole fleet'}")
+
+
+@app.command("cap")
+def cap_cmd(target: Annotated[str, typer.Argument(help="Target (host).")],
+            rate: Annotated[float | None, typer.Argument(
+                help="Requests per second; omit to clear the live cap.")] = None,
+            config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
+            topic_prefix: PrefixOpt = None) -> None:
+    """Set a live per-target rate cap for the whole fleet (through crawl.control)."""
+    from producers import control
+    if rate is not None and rate <= 0:
+        err_console.print("[red]error:[/red] rate must be > 0")
+        raise typer.Exit(2)
+    try:
+        control.set_cap(_control_settings(config, bootstrap, topic_prefix), target, rate)
+    except CrawlfleetError as exc:
+        _fail(exc)
+    console.print(f"cap for {target}: {rate if rate is not None else 'cleared'}")
+
+
+# --- chaos ---------------------------------------------------------------------------------
+
+
+@app.command("chaos")
+def chaos_cmd(pages: Annotated[int, typer.Option(help="Pages of the local test site.")] = 5000,
+              nodes: Annotated[int, typer.Option(help="Kafka nodes: 1, or 3 with a broker "
+                                                      "killed and restarted mid-crawl.")] = 1,
+              fetch_workers: Annotated[int, typer.Option()] = 3,
+              parse_workers: Annotated[int, typer.Option()] = 2,
+              kill_every: Annotated[float, typer.Option(help="Seconds between kills.")] = 4.0,
+              seed: Annotated[int, typer.Option(help="Random seed of the kill schedule.")] = 1,
+              data_dir: DataDirOpt = None,
+              timeout: Annotated[float, typer.Option(help="Give up after seconds.")] = 900.0,
+              report_json: Annotated[Path | None, typer.Option(
+                  help="Also write the report as JSON here.")] = None) -> None:
+    """Crawl a local site while killing (-9) random workers; report lost and duplicated pages."""
+    from crawlfleet import chaos
+    try:
+        report = chaos.run_chaos(pages=pages, nodes=nodes, fetch_workers=fetch_workers,
+                                 parse_workers=parse_workers, kill_every_s=kill_every,
+                                 seed=seed, data_dir=data_dir, timeout_s=timeout,
+                                 console=err_console)
+    except CrawlfleetError as exc:
+        _fail(exc)
+        return
+    chaos.print_report(report, console)
+    if report_json:
+        chaos.write_json(report, report_json)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
 # --- sql -----------------------------------------------------------------------------------
 
 

@@ -1,0 +1,102 @@
+"""Fleet control state from the compacted ``crawl.control`` topic.
+
+Every fetch worker reads the whole topic (no consumer group, from the beginning), so a
+person's ``crawlfleet pause`` reaches all workers within one poll. Keys name a setting
+(``pause:*``, ``pause:target:T``, ``cap:T``); a tombstone removes it, so compaction keeps
+exactly the settings in force.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from consumers.runtime import raw_value
+from crawlfleet.config import Settings
+from crawlfleet.errors import DecodeError
+from schemas.codec import Codec, HeadersIn
+
+GLOBAL_PAUSE = "pause:*"
+
+
+def pause_key(target: str | None) -> str:
+    return GLOBAL_PAUSE if target is None else f"pause:target:{target}"
+
+
+def cap_key(target: str) -> str:
+    return f"cap:{target}"
+
+
+@dataclass
+class ControlState:
+    """The settings in force, folded from control records in topic order: pure logic."""
+
+    paused: bool = False
+    paused_targets: set[str] = field(default_factory=set)
+    caps: dict[str, float] = field(default_factory=dict)
+    version: int = 0  # bumped on every change, so readers can notice cheaply
+
+    def apply(self, key: str, value: dict[str, Any] | None) -> None:
+        self.version += 1
+        if key == GLOBAL_PAUSE:
+            self.paused = value is not None and value.get("kind") == "pause"
+        elif key.startswith("pause:target:"):
+            target = key[len("pause:target:"):]
+            if value is not None and value.get("kind") == "pause":
+                self.paused_targets.add(target)
+            else:
+                self.paused_targets.discard(target)
+        elif key.startswith("cap:"):
+            target = key[len("cap:"):]
+            cap = value.get("value") if value is not None else None
+            if cap is not None and cap > 0:
+                self.caps[target] = float(cap)
+            else:
+                self.caps.pop(target, None)
+
+    def target_paused(self, target: str) -> bool:
+        return self.paused or target in self.paused_targets
+
+
+class ControlReader:
+    """Tails ``crawl.control``; call :meth:`poll` often (it never blocks)."""
+
+    def __init__(self, settings: Settings, topic: str, codec: Codec) -> None:
+        self.state = ControlState()
+        self._codec = codec
+        self._consumer = Consumer({**settings.kafka_common(),
+                                   "group.id": f"crawlfleet-control-{uuid.uuid4().hex}",
+                                   "enable.auto.commit": False,
+                                   "isolation.level": "read_committed"})
+        self._consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        """Apply any new control records; True if the state changed."""
+        before = self.state.version
+        for msg in self._consumer.consume(100, timeout):
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    continue
+                continue
+            key = msg.key()
+            if key is None:
+                continue
+            self._apply(key.decode() if isinstance(key, bytes) else key, raw_value(msg),
+                        msg.headers())
+        return self.state.version != before
+
+    def _apply(self, key: str, value: bytes | None, headers: HeadersIn) -> None:
+        if value is None:
+            self.state.apply(key, None)
+            return
+        try:
+            self.state.apply(key, self._codec.decode("Control", value, headers))
+        except DecodeError:
+            return  # a control record we cannot read changes nothing
+
+    def close(self) -> None:
+        self._consumer.close()

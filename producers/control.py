@@ -1,0 +1,53 @@
+"""Publish control settings (pause, resume, per-target caps) to ``crawl.control``."""
+
+from __future__ import annotations
+
+import getpass
+
+from confluent_kafka import Producer
+
+from consumers.control import cap_key, pause_key
+from consumers.runtime import Encoder, producer_conf, topology_of
+from crawlfleet.config import Settings
+from crawlfleet.errors import KafkaStageError
+
+
+def _send(settings: Settings, key: str, value: dict[str, object] | None) -> None:
+    topology = topology_of(settings)
+    producer = Producer(producer_conf(settings, "crawlfleet-control"))
+    encoder = Encoder(topology, "control")
+    if value is None:
+        producer.produce(topology.control, key=key.encode(), value=None, partition=0)
+    else:
+        payload, headers = encoder.codec.encode("Control", value)
+        producer.produce(topology.control, key=key.encode(), value=payload, headers=headers,
+                         partition=0)
+    if producer.flush(30):
+        raise KafkaStageError(f"control record {key} was not delivered")
+
+
+def _who() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def pause(settings: Settings, target: str | None = None) -> None:
+    """Stop every fetch worker from dequeuing (globally or for one target)."""
+    _send(settings, pause_key(target), {"kind": "pause", "target": target, "value": None,
+                                        "text": None, "issued_by": _who()})
+
+
+def resume(settings: Settings, target: str | None = None) -> None:
+    """Undo :func:`pause` (a tombstone: compaction then forgets the pause)."""
+    _send(settings, pause_key(target), None)
+
+
+def set_cap(settings: Settings, target: str, rate: float | None) -> None:
+    """Set (or with None, clear) a live per-target cap in requests per second."""
+    if rate is None:
+        _send(settings, cap_key(target), None)
+    else:
+        _send(settings, cap_key(target), {"kind": "cap", "target": target, "value": rate,
+                                          "text": None, "issued_by": _who()})
