@@ -53,6 +53,8 @@ log = logging.getLogger("crawlfleet.fetch")
 R = TypeVar("R")
 TP = tuple[str, int]
 FETCHER_VERSION = f"crawlfleet-fetch/{__version__}"
+#: A target deferred at least this long has its queued jobs moved to a retry tier.
+SPILL_AFTER_S = 10.0
 
 
 @dataclass
@@ -309,7 +311,7 @@ class _Session:
                 self._finish(pj, [], None)
                 continue
             self.inflight_keys.add(pj.key)
-            self.sched.push(job["target"], pj, now)
+            self.sched.push(job["target"], pj, now, tier=job.get("priority", 0))
         self.wake.set()
 
     def _is_duplicate(self, pj: Pending) -> bool:
@@ -377,9 +379,12 @@ class _Session:
         try:
             rules = await self._robots_for(job["url"], job["target"])
             if rules is None:  # this slot was spent on robots.txt: go again later
-                self.sched.push_front(job["target"], pj, time.monotonic())
+                self.sched.push_front(job["target"], pj, time.monotonic(),
+                                      tier=job.get("priority", 0))
                 return
             if rules.unreachable:
+                self.sched.defer(job["target"], time.monotonic() + UNREACHABLE_RETRY_S)
+                self._spill(job["target"], UNREACHABLE_RETRY_S)
                 outputs, seen_state = self._retry_or_dead(pj, "robots_unreachable",
                                                           UNREACHABLE_RETRY_S, 0, started)
             elif not rules.allows(job["url"], self.s.robots_agent):
@@ -405,6 +410,8 @@ class _Session:
         if outcome.wait_s > 0 and (outcome.pushback or outcome.verdict is Verdict.RETRY):
             self.sched.defer(job["target"], time.monotonic() + outcome.wait_s)
             self.status.add("deferrals")
+            if outcome.wait_s >= SPILL_AFTER_S:
+                self._spill(job["target"], outcome.wait_s)
         if outcome.verdict is Verdict.STORE:
             result = self.enc.record(self.st.topology.fetched, "FetchResult", job["target"],
                                      pj.key.encode(), {
@@ -433,6 +440,23 @@ class _Session:
         self.status.add("retries")
         return [self.enc.job(self.st.topology.retry(tier), again),
                 self._event(pj, status, "retry", reason, started, 0)], (RETRYING, attempt)
+
+    def _spill(self, target: str, wait_s: float) -> None:
+        """Move a long-deferred target's queued jobs to a retry tier (attempts unchanged).
+
+        Held in memory they would pin their partition's committed offset and fill the
+        worker's buffer, which would pause partitions that other targets share.
+        """
+        tier = self.st.topology.retry_tier_for(wait_s)
+        jobs = self.sched.take(target)
+        for pj in jobs:
+            if self.epochs.get(pj.tp) != pj.epoch:
+                self.inflight_keys.discard(pj.key)
+                continue
+            again = {**pj.job, "delay_ms": int(max(wait_s, tier) * 1000)}
+            self._finish(pj, [self.enc.job(self.st.topology.retry(tier), again)],
+                         (RETRYING, pj.job["attempt"]))
+        self.status.add("spilled", len(jobs))
 
     def _dead(self, pj: Pending, reason: str, error: str, status: int,
               started: float) -> tuple[list[Output], tuple[str, int]]:

@@ -1,8 +1,13 @@
 """Per-target politeness scheduling: pure logic, driven by a monotonic clock.
 
-Each target has a FIFO of jobs and the earliest time its next request may start. A target
-that is deferred (Retry-After, back-off, robots unreachable) just gets a later time; its
-jobs wait while every other target keeps flowing, so one slow site never blocks a partition.
+Each target has a FIFO of jobs per priority tier and the earliest time its next request
+may start. A target that is deferred (Retry-After, back-off, robots unreachable) or held
+(paused, outside its crawl window) just gets a later time; its jobs wait while every other
+target keeps flowing, so one slow site never blocks a partition.
+
+Tiers share the target's cap: of every ``HIGH_SHARE + 1`` releases for a target with work
+in both tiers, at most ``HIGH_SHARE`` go to the high tier, so the bulk tier keeps a
+reserved share (80/20) and is never starved by a busy high tier.
 """
 
 from __future__ import annotations
@@ -14,14 +19,28 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+BULK, HIGH = 0, 1
+HIGH_SHARE = 4  # high:bulk = 4:1 when both tiers have work
 
 
 @dataclass
 class _Slot(Generic[T]):
     interval: float
-    queue: deque[T] = field(default_factory=deque)
+    queues: tuple[deque[T], deque[T]] = field(default_factory=lambda: (deque(), deque()))
     next_at: float = 0.0
     scheduled: bool = False  # present in the ready heap
+    high_run: int = 0  # consecutive high-tier releases while bulk work waited
+
+    def __len__(self) -> int:
+        return len(self.queues[BULK]) + len(self.queues[HIGH])
+
+    def take_next(self) -> T:
+        high, bulk = self.queues[HIGH], self.queues[BULK]
+        if high and (not bulk or self.high_run < HIGH_SHARE):
+            self.high_run = self.high_run + 1 if bulk else 0
+            return high.popleft()
+        self.high_run = 0
+        return bulk.popleft()
 
 
 class TargetScheduler(Generic[T]):
@@ -37,21 +56,29 @@ class TargetScheduler(Generic[T]):
     def __len__(self) -> int:
         return self._size
 
-    def push(self, target: str, job: T, now: float) -> None:
+    def _slot(self, target: str, now: float) -> _Slot[T]:
         slot = self._slots.get(target)
         if slot is None:
             slot = self._slots[target] = _Slot(self._interval_for(target), next_at=now)
-        slot.queue.append(job)
-        self._size += 1
-        if not slot.scheduled and target not in self._held:
+        return slot
+
+    def _schedule(self, target: str, slot: _Slot[T], now: float) -> None:
+        if not slot.scheduled and target not in self._held and len(slot):
             slot.scheduled = True
             heapq.heappush(self._heap, (max(slot.next_at, now), target))
 
-    def push_front(self, target: str, job: T, now: float) -> None:
-        """Put ``job`` back at the head of its target's queue (it was released too early)."""
-        self.push(target, job, now)
-        slot = self._slots[target]
-        slot.queue.rotate(1)
+    def push(self, target: str, job: T, now: float, tier: int = BULK) -> None:
+        slot = self._slot(target, now)
+        slot.queues[HIGH if tier > 0 else BULK].append(job)
+        self._size += 1
+        self._schedule(target, slot, now)
+
+    def push_front(self, target: str, job: T, now: float, tier: int = BULK) -> None:
+        """Put ``job`` back at the head of its queue (it was released too early)."""
+        slot = self._slot(target, now)
+        slot.queues[HIGH if tier > 0 else BULK].appendleft(job)
+        self._size += 1
+        self._schedule(target, slot, now)
 
     def set_interval(self, target: str, interval: float) -> None:
         slot = self._slots.get(target)
@@ -68,6 +95,10 @@ class TargetScheduler(Generic[T]):
             if slot.scheduled:  # re-key lazily: stale heap entries are skipped in pop
                 heapq.heappush(self._heap, (until, target))
 
+    def deferred_for(self, target: str, now: float) -> float:
+        slot = self._slots.get(target)
+        return max(0.0, slot.next_at - now) if slot is not None else 0.0
+
     def pop_ready(self, now: float, limit: int) -> list[tuple[str, T]]:
         """Jobs whose target may be hit now, one per target, at most ``limit``."""
         out: list[tuple[str, T]] = []
@@ -77,14 +108,12 @@ class TargetScheduler(Generic[T]):
             if not slot.scheduled or at < slot.next_at:
                 continue  # stale entry, a later one exists
             slot.scheduled = False
-            if not slot.queue or target in self._held:
+            if not len(slot) or target in self._held:
                 continue
-            out.append((target, slot.queue.popleft()))
+            out.append((target, slot.take_next()))
             self._size -= 1
             slot.next_at = max(now, slot.next_at) + slot.interval
-            if slot.queue:
-                slot.scheduled = True
-                heapq.heappush(self._heap, (slot.next_at, target))
+            self._schedule(target, slot, now)
         return out
 
     def hold(self, target: str) -> None:
@@ -94,9 +123,8 @@ class TargetScheduler(Generic[T]):
     def release(self, target: str, now: float) -> None:
         self._held.discard(target)
         slot = self._slots.get(target)
-        if slot is not None and slot.queue and not slot.scheduled:
-            slot.scheduled = True
-            heapq.heappush(self._heap, (max(slot.next_at, now), target))
+        if slot is not None:
+            self._schedule(target, slot, now)
 
     def targets(self) -> list[str]:
         return list(self._slots)
@@ -104,16 +132,30 @@ class TargetScheduler(Generic[T]):
     def next_due(self) -> float | None:
         return self._heap[0][0] if self._heap else None
 
+    def take(self, target: str) -> list[T]:
+        """Remove and return every job queued for ``target`` (to spill it elsewhere)."""
+        slot = self._slots.get(target)
+        if slot is None:
+            return []
+        jobs = [*slot.queues[HIGH], *slot.queues[BULK]]
+        slot.queues[HIGH].clear()
+        slot.queues[BULK].clear()
+        self._size -= len(jobs)
+        return jobs
+
     def drop(self, keep: Callable[[T], bool]) -> int:
         """Remove queued jobs for which ``keep`` is false (e.g. revoked partitions)."""
         dropped = 0
         for slot in self._slots.values():
-            before = len(slot.queue)
-            slot.queue = deque(j for j in slot.queue if keep(j))
-            dropped += before - len(slot.queue)
+            for q in slot.queues:
+                before = len(q)
+                kept = [j for j in q if keep(j)]
+                q.clear()
+                q.extend(kept)
+                dropped += before - len(kept)
         self._size -= dropped
         return dropped
 
     def queued(self, target: str) -> int:
         slot = self._slots.get(target)
-        return len(slot.queue) if slot else 0
+        return len(slot) if slot else 0

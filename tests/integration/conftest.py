@@ -25,16 +25,22 @@ TEST_PORT = 39092
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
-    """A real broker for the session; stopped at the end."""
+    """A real broker for the session; stopped at the end if this session started it.
+
+    Concurrent test sessions on one machine share it (each test has its own topics), so a
+    session that found it running leaves it running for the others.
+    """
     jars = kafka_local.ensure_jars()  # default home: downloaded once per checkout
     home = REPO / ".crawlfleet" / "test-kafka"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(kafka_local.JARS_ENV, str(jars))
+        was_running = kafka_local.status(home).running
         bootstrap = kafka_local.up(nodes=1, base_dir=home, base_port=TEST_PORT, heap_mb=512)
         try:
             yield bootstrap
         finally:
-            kafka_local.down(home)
+            if not was_running:
+                kafka_local.down(home)
 
 
 @pytest.fixture
