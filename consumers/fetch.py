@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -44,10 +45,12 @@ from consumers.runtime import (
 )
 from consumers.scheduler import TargetScheduler
 from consumers.seen import DEAD, DONE, RETRYING, SeenStore
+from consumers.windows import parse_windows, seconds_until_open
 from crawlfleet import __version__
 from crawlfleet.config import Settings
 from crawlfleet.errors import CrawlfleetError, DecodeError, InvalidURLError, RobotsDisallowedError
 from crawlfleet.urls import canonicalize, dedupe_key
+from schemas.topics import RETRY_DELAYS_S
 
 log = logging.getLogger("crawlfleet.fetch")
 R = TypeVar("R")
@@ -127,6 +130,7 @@ class _Session:
         self.control: ControlReader | None = None
         self.robots_interval: dict[str, float] = {}
         self.ctl_paused = False
+        self.windows = {t: parse_windows(w) for t, w in self.s.crawl_windows.items()}
         self.committer: TxnCommitter | None = None
 
     # --- Kafka thread -------------------------------------------------------------------
@@ -345,10 +349,12 @@ class _Session:
             if self.ctl_paused:
                 free = 0  # a person paused the fleet: finish what is in flight, start nothing
             if free > 0:
-                for _, pj in self.sched.pop_ready(now, free):
+                for target, pj in self.sched.pop_ready(now, free):
                     if self.epochs.get(pj.tp) != pj.epoch:
                         self.inflight_keys.discard(pj.key)
                         continue  # partition moved away: the new owner redoes it
+                    if target in self.windows and self._outside_window(target, pj, now):
+                        continue
                     self.running += 1
                     task = asyncio.create_task(self._fetch(pj))
                     self.tasks.add(task)
@@ -359,6 +365,18 @@ class _Session:
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout)
+
+    def _outside_window(self, target: str, pj: Pending, now: float) -> bool:
+        """Outside the target's crawl window the job waits (queued or spilled), never dropped."""
+        wait = seconds_until_open(self.windows[target], datetime.now(UTC))
+        if wait <= 0:
+            return False
+        self.sched.push_front(target, pj, now, tier=pj.job.get("priority", 0))
+        self.sched.defer(target, now + min(wait, 3600.0))
+        self.status.add("outside_window")
+        if wait >= SPILL_AFTER_S:
+            self._spill(target, min(wait, float(RETRY_DELAYS_S[-1])))
+        return True
 
     def _drop_stale(self) -> None:
         """Forget queued jobs of partitions this worker no longer owns."""

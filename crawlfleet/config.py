@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from consumers.windows import parse_windows
 from crawlfleet import __version__
 from crawlfleet.errors import ConfigError
 
@@ -79,6 +80,9 @@ class Settings:
     rate_cap: float = 2.0
     #: Per-target overrides of the cap: {target: requests per second}.
     rate_caps: dict[str, float] = field(default_factory=dict)
+    #: Per-target crawl windows in the target's time zone, e.g.
+    #: {"example.org": "Europe/Paris mon-fri 09:00-17:00"}; outside them jobs wait.
+    crawl_windows: dict[str, str] = field(default_factory=dict)
     #: Requests in flight per fetch worker, across all targets.
     max_inflight: int = 256
     #: Jobs held in memory per fetch worker before its partitions are paused.
@@ -167,6 +171,11 @@ def _problems(s: Settings) -> list[str]:
                  "robots_ttl_s", "seen_ttl_s", "store_batch_wait_s"):
         if getattr(s, name) <= 0:
             out.append(f"{name} must be > 0")
+    for target, spec in s.crawl_windows.items():
+        try:
+            parse_windows(spec)
+        except ConfigError as exc:
+            out.append(f"crawl_windows[{target!r}]: {exc}")
     for target, cap in s.rate_caps.items():
         if cap <= 0:
             out.append(f"rate_caps[{target!r}] must be > 0")
@@ -214,10 +223,12 @@ def _coerce(name: str, hint: Any, value: Any) -> Any:
             items = value.split(",") if isinstance(value, str) else list(value)
             return tuple(str(i).strip() for i in items if str(i).strip())
         if getattr(hint, "__origin__", None) is dict:
-            if isinstance(value, str):
-                return {k.strip(): float(v) for k, v in
-                        (item.split("=", 1) for item in value.split(",") if item.strip())}
-            return {str(k): float(v) for k, v in dict(value).items()}
+            conv = hint.__args__[1]
+            if isinstance(value, str):  # env form: "a=1,b=2" (windows: "a=TZ 09:00-17:00|b=...")
+                sep = "|" if conv is str else ","
+                return {k.strip(): conv(v.strip()) for k, v in
+                        (item.split("=", 1) for item in value.split(sep) if item.strip())}
+            return {str(k): conv(v) for k, v in dict(value).items()}
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"setting {name!r}: cannot read {value!r} as {hint}") from exc
     raise ConfigError(f"setting {name!r}: unsupported type {hint}")

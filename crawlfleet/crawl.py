@@ -76,7 +76,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
         elif isinstance(v, tuple):
             v = ",".join(v)
         elif isinstance(v, dict):
-            v = ",".join(f"{k}={x}" for k, x in v.items())
+            sep = "|" if any(isinstance(x, str) for x in v.values()) else ","
+            v = sep.join(f"{k}={x}" for k, x in v.items())
         elif isinstance(v, bool):
             v = "true" if v else "false"
         env[f"CRAWLFLEET_{f.name.upper()}"] = str(v)

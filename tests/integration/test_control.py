@@ -83,3 +83,47 @@ def test_target_pause_holds_only_that_target(settings: Settings, site_port: int)
     assert out and out[0].drained
     _, rows = run_query(s, "SELECT count(), uniqExact(url) FROM pages FINAL")
     assert rows[0][0] == rows[0][1] == len(spec.expected())
+
+
+def test_jobs_outside_a_crawl_window_wait_and_are_not_dropped(settings: Settings,
+                                                              site_port: int) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from consumers.runtime import read_statuses
+    from crawlfleet.crawl import Fleet
+    from infra.lag import LagProbe
+    from infra.topics import create_topics
+    from producers.frontier import publish
+
+    spec = bench_spec(site_port, pages=90, hosts=3, page_bytes=1500)
+    closed = spec.hosts[0]
+    opens = datetime.now(UTC) + timedelta(hours=2)
+    window = f"UTC {opens:%H:%M}-{opens + timedelta(hours=1):%H:%M}"
+    s = settings.replace(rate_cap=20.0, scope="seeds", allowed_targets=spec.hosts,
+                         crawl_windows={closed: window})
+    create_topics(s)
+    others = {u for u in spec.expected() if f"//{closed}:" not in u}
+    with DemoSite(spec) as site:
+        fleet = Fleet(s, Plan(), s.data_dir / "logs")
+        fleet.start()
+        try:
+            publish(spec.seeds(), s)
+            _wait(lambda: sum(1 for u in site.snapshot()[0] if u in others) == len(others),
+                  120, "the open targets to be crawled")
+            time.sleep(1.0)
+            assert _page_hits(site, closed) == 0, "a target outside its window was fetched"
+            statuses = read_statuses(s.status_dir)
+            assert sum(st["counters"].get("outside_window", 0) for st in statuses) >= 1
+            # The waiting jobs were parked in a retry tier, not dropped: none dead-lettered.
+            _, dead = run_query(s, "SELECT count() FROM dead_letters FINAL "
+                                   f"WHERE target = '{closed}'")
+            assert dead[0][0] == 0
+            topo_retry = [f"{s.topic_prefix}crawl.retry.{d}s" for d in (2, 15, 120)]
+            probe = LagProbe(s)
+            try:
+                assert probe.lag(f"{s.topic_prefix}crawlfleet-retry", topo_retry,
+                                 s.partitions) >= 1
+            finally:
+                probe.close()
+        finally:
+            fleet.stop(10)
