@@ -22,12 +22,14 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from consumers.classify import Verdict, classify_status
 from consumers.control import ControlReader
 from consumers.http_fetch import HTTP_LIB_VERSION, TLS_LIB_VERSION, Fetcher, Response
 from consumers.offsets import OffsetTracker
+from consumers.pacer import Pacer
 from consumers.robots import UNREACHABLE_RETRY_S, RobotsRules, rules_from_response
 from consumers.runtime import (
     Encoder,
@@ -130,6 +132,9 @@ class _Session:
         self.control: ControlReader | None = None
         self.robots_interval: dict[str, float] = {}
         self.ctl_paused = False
+        self.pacer = Pacer(self.s.fleet_rate_cap)
+        self.members_stale = False
+        self.admin: AdminClient | None = None
         self.windows = {t: parse_windows(w) for t, w in self.s.crawl_windows.items()}
         self.committer: TxnCommitter | None = None
 
@@ -159,6 +164,28 @@ class _Session:
                 self.epochs[tp] = self.epochs.get(tp, 0) + 1
         if self.paused or self.ctl_paused:  # pause state does not survive a rebalance
             consumer.pause(partitions)
+        self.members_stale = self.s.fleet_rate_cap > 0  # read it outside the callback
+
+    def _refresh_members(self) -> None:
+        """Re-read the fetch group's live membership after a rebalance (fleet-wide cap)."""
+        group = self.st.topology.group("fetch")
+        if self.admin is None:
+            self.admin = AdminClient(self.s.kafka_common())
+        try:
+            desc = self.admin.describe_consumer_groups([group])[group].result(timeout=2)
+        except (KafkaException, TimeoutError):
+            return  # still rebalancing: keep the previous share and try again next poll
+        if desc.members:
+            mine = total = 0
+            for m in desc.members:
+                parts = {tp.partition for tp in (m.assignment.topic_partitions
+                                                 if m.assignment else [])}
+                total += len(parts)
+                if m.client_id == self.st.worker:
+                    mine = len(parts)
+            self.pacer.set_members(len(desc.members), mine, total)
+            self.status.gauges["members"] = len(desc.members)
+            self.members_stale = False
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         try:
@@ -203,6 +230,8 @@ class _Session:
     def _poll(self, timeout: float) -> list[Message]:
         assert self.consumer is not None and self.control is not None
         changed = self.control.poll(0)
+        if self.members_stale:
+            self._refresh_members()
         buffered = len(self.sched) + self.running
         full = buffered >= self.s.max_buffered or (
             self.paused and buffered >= self.s.max_buffered // 2)
@@ -348,7 +377,9 @@ class _Session:
             free = self.s.max_inflight - self.running
             if self.ctl_paused:
                 free = 0  # a person paused the fleet: finish what is in flight, start nothing
+            free = self.pacer.available(now, free)
             if free > 0:
+                started = 0
                 for target, pj in self.sched.pop_ready(now, free):
                     if self.epochs.get(pj.tp) != pj.epoch:
                         self.inflight_keys.discard(pj.key)
@@ -356,10 +387,15 @@ class _Session:
                     if target in self.windows and self._outside_window(target, pj, now):
                         continue
                     self.running += 1
+                    started += 1
                     task = asyncio.create_task(self._fetch(pj))
                     self.tasks.add(task)
                     task.add_done_callback(self.tasks.discard)
+                self.pacer.take(now, started)
             due = self.sched.next_due()
+            paced = self.pacer.next_at()
+            if due is not None and paced is not None:
+                due = max(due, paced)
             timeout = None if due is None or self.running >= self.s.max_inflight \
                 or self.ctl_paused else max(0.0, due - time.monotonic())
             self.wake.clear()

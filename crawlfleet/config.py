@@ -78,6 +78,9 @@ class Settings:
     replication: int = 1
     #: Default per-target request rate cap (requests per second).
     rate_cap: float = 2.0
+    #: Fleet-wide cap on requests per second across all targets (0 = none), split evenly
+    #: among the live fetch workers.
+    fleet_rate_cap: float = 0.0
     #: Per-target overrides of the cap: {target: requests per second}.
     rate_caps: dict[str, float] = field(default_factory=dict)
     #: Per-target crawl windows in the target's time zone, e.g.
@@ -171,6 +174,8 @@ def _problems(s: Settings) -> list[str]:
                  "robots_ttl_s", "seen_ttl_s", "store_batch_wait_s"):
         if getattr(s, name) <= 0:
             out.append(f"{name} must be > 0")
+    if s.fleet_rate_cap < 0:
+        out.append("fleet_rate_cap must be >= 0 (0 = no fleet-wide cap)")
     for target, spec in s.crawl_windows.items():
         try:
             parse_windows(spec)

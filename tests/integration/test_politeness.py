@@ -134,3 +134,29 @@ def test_a_429_target_does_not_slow_the_others(settings: Settings, site_port: in
         # (its queued jobs wait in a retry tier, they are not dropped).
         assert blocker.pages <= 2, blocker.pages
     assert rates["with_429"] >= 0.95 * rates["alone"], rates
+
+
+def test_fleet_wide_cap_is_split_among_live_fetch_workers(
+        settings: Settings, site_port: int, fleet_factory: Callable[..., Fleet]) -> None:
+    fleet_cap, workers = 8.0, 2
+    spec = bench_spec(site_port, pages=120, hosts=8, page_bytes=1500)
+    expected = set(spec.expected())
+    s = settings.replace(rate_cap=100.0, fleet_rate_cap=fleet_cap, scope="seeds",
+                         allowed_targets=spec.hosts)
+    with DemoSite(spec) as site:
+        fleet_factory(s, Plan(fetch_workers=workers))
+        publish(spec.seeds(), s)
+        _wait(lambda: _pages_requested(site, expected) == len(expected), 180,
+              "every page to be requested")
+        _, log = site.snapshot()
+    times = sorted(t for t, _, _ in log)
+    worst, lo = 0, 0
+    for hi, t in enumerate(times):
+        while t - times[lo] >= 1.0:
+            lo += 1
+        worst = max(worst, hi - lo + 1)
+    # Each live member may be one request ahead while it learns of a rebalance.
+    assert worst <= fleet_cap + workers, worst
+    rate = (len(times) - 1) / (times[-1] - times[0])
+    # Shares follow owned partitions; targets need not spread evenly over them.
+    assert rate >= 0.6 * fleet_cap, f"the cap should be used, not just respected: {rate:.1f}/s"

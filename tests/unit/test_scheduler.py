@@ -306,3 +306,27 @@ def test_property_releases_never_closer_than_interval(seed: int) -> None:
             assert b - a >= intervals[t] - EPS, (t, a, b, intervals[t])
         assert [n for _, n in rel] == pushed[t], "every job released once, in FIFO order"
     assert set(released) == {t for t in pushed if pushed[t]}
+
+
+def test_bulk_tier_keeps_its_reserved_share_under_a_busy_high_tier() -> None:
+    from consumers.scheduler import HIGH
+
+    sched: TargetScheduler[str] = TargetScheduler(lambda _t: 0.0)
+    for i in range(100):
+        sched.push("t", f"high-{i}", 0.0, tier=HIGH)
+        sched.push("t", f"bulk-{i}", 0.0)
+    released = [job for _ in range(50) for _, job in sched.pop_ready(float(_), 1)]
+    bulk = sum(1 for j in released if j.startswith("bulk"))
+    assert bulk == 10  # 4:1, i.e. the bulk tier keeps 20% while the high tier is busy
+    assert released[:4] == ["high-0", "high-1", "high-2", "high-3"]
+    assert released[4] == "bulk-0"
+
+
+def test_high_tier_alone_uses_all_the_capacity() -> None:
+    from consumers.scheduler import HIGH
+
+    sched: TargetScheduler[str] = TargetScheduler(lambda _t: 0.0)
+    for i in range(10):
+        sched.push("t", f"high-{i}", 0.0, tier=HIGH)
+    assert [j for k in range(10) for _, j in sched.pop_ready(float(k), 1)] == \
+        [f"high-{i}" for i in range(10)]
