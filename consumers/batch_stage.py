@@ -112,7 +112,12 @@ class BatchStage(ABC):
         self._paused_until = {k: v for k, v in self._paused_until.items()
                               if any((p.topic, p.partition) == k for p in partitions)}
 
+    def begin_batch(self) -> None:
+        """Hook: called before each batch, when all earlier outputs are committed."""
+        return
+
     def _process(self, consumer: Consumer, committer: TxnCommitter, msgs: list[Message]) -> None:
+        self.begin_batch()
         outputs: list[Output] = []
         offsets: dict[tuple[str, int], int] = {}
         held: set[tuple[str, int]] = set()

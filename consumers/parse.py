@@ -12,11 +12,12 @@ from typing import Any
 
 from confluent_kafka import Message
 
-from consumers.batch_stage import BatchStage
+from consumers.batch_stage import BatchStage, NotDueError
 from consumers.html import extract
 from consumers.runtime import Output, job_key
 from consumers.scope import follow
 from crawlfleet.urls import dedupe_key, target_of
+from producers.backpressure import FrontierGate
 
 
 class RecentSet:
@@ -44,11 +45,18 @@ class ParseStage(BatchStage):
         super().__init__(*args, **kwargs)
         self._recent = RecentSet()
         self._allowed = frozenset(self.settings.allowed_targets)
+        self._gate = FrontierGate(self.settings)
 
     def input_topics(self) -> list[str]:
         return [self.topology.fetched]
 
+    def begin_batch(self) -> None:
+        self._gate.refresh()
+
     def handle(self, msg: Message) -> list[Output]:
+        if self._gate.over():  # fetching is behind: pause this input, do not sleep
+            self.status.add("backpressure_holds")
+            raise NotDueError(0.5)
         result = self.encoder.decode("FetchResult", msg)
         job = result["job"]
         ok = 200 <= result["status"] <= 299
@@ -93,6 +101,7 @@ class ParseStage(BatchStage):
                 else self.topology.frontier
             out.append(self.encoder.job(topic, child))
         self.status.add("links", len(out))
+        self._gate.add(len(out))
         return out
 
 

@@ -112,6 +112,9 @@ class Settings:
     max_poll_interval_ms: int = 300_000
     #: How often a stage commits its transaction.
     commit_interval_s: float = 0.2
+    #: Frontier records not yet fetched above which publishers block and link discovery
+    #: pauses (0 = unbounded).
+    frontier_lag_bound: int = 200_000
     #: Rows per ClickHouse insert batch (store stage), and the longest wait to fill one.
     store_batch_rows: int = 5000
     store_batch_wait_s: float = 0.25
@@ -174,6 +177,8 @@ def _problems(s: Settings) -> list[str]:
                  "robots_ttl_s", "seen_ttl_s", "store_batch_wait_s"):
         if getattr(s, name) <= 0:
             out.append(f"{name} must be > 0")
+    if s.frontier_lag_bound < 0:
+        out.append("frontier_lag_bound must be >= 0 (0 = unbounded)")
     if s.fleet_rate_cap < 0:
         out.append("fleet_rate_cap must be >= 0 (0 = no fleet-wide cap)")
     for target, spec in s.crawl_windows.items():

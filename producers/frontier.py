@@ -19,6 +19,7 @@ from consumers.runtime import Encoder, producer_conf, topology_of
 from crawlfleet.config import Settings
 from crawlfleet.errors import CrawlfleetError, InvalidURLError, KafkaStageError
 from crawlfleet.urls import canonicalize, dedupe_key, target_of
+from producers.backpressure import FrontierGate
 
 
 @dataclass
@@ -26,6 +27,7 @@ class PublishReport:
     published: int = 0
     duplicates: int = 0
     errors: list[tuple[int, str]] = field(default_factory=list)  # (line number, reason)
+    waited_s: float = 0.0  # time spent blocked on a full frontier
 
 
 def parse_line(line: str, settings: Settings) -> dict[str, Any] | None:
@@ -88,8 +90,15 @@ def publish(lines: Iterable[str], settings: Settings) -> PublishReport:
         if err is not None:
             failures.append(str(err))
 
+    gate = FrontierGate(settings)
     try:
         for job in jobs_from_lines(lines, settings, report):
+            if gate.over():  # the frontier is full: wait for fetching to catch up
+                producer.flush(30)
+                report.waited_s += gate.wait()
+            elif report.published % 1000 == 0:
+                producer.flush(30)
+                gate.refresh()
             topic = topology.frontier_high if job["priority"] > 0 else topology.frontier
             out = encoder.job(topic, job)
             while True:
@@ -101,11 +110,13 @@ def publish(lines: Iterable[str], settings: Settings) -> PublishReport:
                 except BufferError:
                     producer.poll(0.1)
             report.published += 1
+            gate.add(1)
             producer.poll(0)
     except KafkaException as exc:
         raise KafkaStageError(f"publishing failed: {exc}") from exc
     finally:
         remaining = producer.flush(30)
+        gate.close()
     if remaining or failures:
         raise KafkaStageError(f"{remaining} undelivered, {len(failures)} failed: "
                               f"{failures[:3]}")

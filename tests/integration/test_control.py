@@ -127,3 +127,43 @@ def test_jobs_outside_a_crawl_window_wait_and_are_not_dropped(settings: Settings
                 probe.close()
         finally:
             fleet.stop(10)
+
+
+def test_link_discovery_pauses_when_the_frontier_is_over_its_bound(settings: Settings,
+                                                                   site_port: int) -> None:
+    from crawlfleet.crawl import Fleet
+    from infra.lag import LagProbe
+    from infra.topics import create_topics
+    from producers.frontier import publish
+
+    bound = 60
+    spec = bench_spec(site_port, pages=400, hosts=3, page_bytes=1500, links_per_page=10)
+    s = settings.replace(rate_cap=6.0, scope="seeds", allowed_targets=spec.hosts,
+                         frontier_lag_bound=bound)
+    create_topics(s)
+    probe = LagProbe(s)
+    samples: list[int] = []
+    with DemoSite(spec):
+        fleet = Fleet(s, Plan(), s.data_dir / "logs")
+        fleet.start()
+        try:
+            publish(spec.seeds(), s)
+            deadline = time.monotonic() + 25
+            while time.monotonic() < deadline:  # discovery (10 links/page) outpaces 18 pages/s
+                samples.append(probe.lag(f"{s.topic_prefix}crawlfleet-fetch",
+                                         [f"{s.topic_prefix}crawl.frontier",
+                                          f"{s.topic_prefix}crawl.frontier.high"],
+                                         s.partitions))
+                time.sleep(0.25)
+            from consumers.runtime import read_statuses
+            holds = sum(st["counters"].get("backpressure_holds", 0)
+                        for st in read_statuses(s.status_dir))
+        finally:
+            fleet.stop(10)
+            probe.close()
+    assert holds > 0, "discovery never had to wait: the test did not exercise the bound"
+    # Lag is measured in offsets, and every transaction that writes links also writes a
+    # commit marker to each partition it touched: markers can add up to a third on top,
+    # plus one page's links between two measurements. Unbounded, lag here reaches the
+    # thousands (400 pages x 10 links).
+    assert max(samples) <= bound * 1.5 + 10, max(samples)
