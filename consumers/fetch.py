@@ -386,6 +386,8 @@ class _Session:
                         continue  # partition moved away: the new owner redoes it
                     if target in self.windows and self._outside_window(target, pj, now):
                         continue
+                    if self._disallowed_now(target, pj, now):
+                        continue
                     self.running += 1
                     started += 1
                     task = asyncio.create_task(self._fetch(pj))
@@ -401,6 +403,18 @@ class _Session:
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout)
+
+    def _disallowed_now(self, target: str, pj: Pending, now: float) -> bool:
+        """Known robots-disallowed: dead-letter it without spending the target's slot."""
+        parts = urlsplit(pj.job["url"])
+        rules = self.robots.get(f"{parts.scheme}://{parts.netloc}")
+        if rules is None or rules.unreachable or rules.allows(pj.job["url"],
+                                                               self.s.robots_agent):
+            return False
+        self.sched.refund(target, now)
+        self._finish(pj, *self._dead(pj, "robots_disallowed",
+                                     f"robots.txt disallows {pj.job['url']}", 0, now))
+        return True
 
     def _outside_window(self, target: str, pj: Pending, now: float) -> bool:
         """Outside the target's crawl window the job waits (queued or spilled), never dropped."""

@@ -116,6 +116,16 @@ class TargetScheduler(Generic[T]):
             self._schedule(target, slot, now)
         return out
 
+    def refund(self, target: str, now: float) -> None:
+        """Give back the slot of a release that sent no request (e.g. robots-disallowed)."""
+        slot = self._slots.get(target)
+        if slot is None:
+            return
+        slot.next_at = max(now, slot.next_at - slot.interval)
+        if len(slot) and target not in self._held:
+            slot.scheduled = True
+            heapq.heappush(self._heap, (slot.next_at, target))
+
     def hold(self, target: str) -> None:
         """Release nothing for ``target`` until :meth:`release` (a paused target)."""
         self._held.add(target)

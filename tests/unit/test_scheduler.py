@@ -330,3 +330,15 @@ def test_high_tier_alone_uses_all_the_capacity() -> None:
         sched.push("t", f"high-{i}", 0.0, tier=HIGH)
     assert [j for k in range(10) for _, j in sched.pop_ready(float(k), 1)] == \
         [f"high-{i}" for i in range(10)]
+
+
+def test_refund_gives_the_slot_back() -> None:
+    sched: TargetScheduler[str] = TargetScheduler(lambda _t: 1.0)
+    for job in ("a", "b", "c"):
+        sched.push("t", job, 0.0)
+    assert sched.pop_ready(0.0, 5) == [("t", "a")]
+    assert sched.pop_ready(0.5, 5) == []
+    sched.refund("t", 0.5)  # "a" sent no request: "b" may go now, not at 1.0
+    assert sched.pop_ready(0.5, 5) == [("t", "b")]
+    assert sched.pop_ready(1.0, 5) == []  # and the spacing after it is intact
+    assert sched.pop_ready(1.5, 5) == [("t", "c")]
