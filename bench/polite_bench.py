@@ -1,0 +1,463 @@
+"""Politeness benchmark: how close to a per-host cap crawlfleet and polite Scrapy crawl, unbroken.
+
+    python -m bench.polite_bench [--hosts 6] [--pages 1800] [--cap 5] [--fetch-workers 1]
+                                 [--scrapy-concurrency 16] [--port N]
+                                 [--skip-scrapy] [--skip-crawlfleet]
+                                 [--json-out bench/out/polite_bench.json]
+
+Every host of the local site (``infra.demo_site.bench_spec``) has the same cap of ``--cap``
+requests/s, so a crawler that keeps every host busy right up to its cap fetches at
+``hosts x cap`` requests/s (the sum of caps) and no faster. Each crawler is told that cap in
+its own terms:
+
+* crawlfleet: ``crawlfleet crawl --rate-cap CAP --scope seeds --allow-private`` (the stage
+  processes of ``bench.crawl_bench.run_crawlfleet``);
+* Scrapy: ``ROBOTSTXT_OBEY``, ``DOWNLOAD_DELAY = 1/CAP`` without jitter,
+  ``CONCURRENT_REQUESTS_PER_DOMAIN = 1``, AutoThrottle off (``bench.polite_peers``).
+
+Each crawler gets a fresh server and the server's request log is the referee:
+
+* **efficiency** = page requests / crawl window / sum of caps, where the crawl window runs
+  from that crawler's first request to its last (robots.txt requests bound the window and
+  count against the cap, but are not pages);
+* **violations** = (host, window) pairs where a closed 1-second window holds more than
+  ``cap + burst`` requests to the host (robots.txt included). crawlfleet declares a burst of 1
+  (a request may start exactly one interval after the previous one, so ``[t, t + 1]`` may
+  hold ``cap + 1``); the same rule is applied to every crawler. Windows are anchored at each
+  request, so a violation count of n means n requests opened an over-full window;
+* **pages** crawled (the crawler's own count, and distinct expected URLs the server served)
+  against ``spec.expected()``.
+
+The target for crawlfleet is efficiency >= 0.95 with zero violations and the exact page set;
+the exit status is 1 if a crawler failed to run or crawlfleet missed that target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.crawl_bench import TreeMemorySampler, crawlfleet_command, run_crawlfleet
+from bench.peers import PeerResult
+from bench.polite_peers import run_polite_scrapy, scrapy_polite_settings
+from infra.demo_site import DemoSite, SiteSpec, bench_spec, canonical_url, free_port
+
+#: requests crawlfleet may send beyond the cap in any closed 1 s window (see module docstring)
+DECLARED_BURST = 1
+TARGET_EFFICIENCY = 0.95
+
+LogEntry = tuple[float, str, str]  # (monotonic time, host, raw path) as DemoSite logs it
+
+
+# -- analysis of one crawler's request log ---------------------------------------------------------
+
+
+@dataclass
+class HostTiming:
+    """One host's requests as the server saw them, timed from the crawler's first request."""
+
+    host: str
+    requests: int  # robots.txt included
+    robots: int
+    first_s: float
+    last_s: float
+    median_gap_s: float
+    p99_gap_s: float
+    max_gap_s: float
+    max_in_window: int
+    violations: int
+
+    @property
+    def active_rate(self) -> float:
+        """Requests/s between this host's first and last request."""
+        span = self.last_s - self.first_s
+        return (self.requests - 1) / span if span > 0 else 0.0
+
+
+@dataclass
+class Politeness:
+    name: str
+    cap: float
+    burst: int
+    hosts_total: int
+    expected: int
+    reported_pages: int  # the crawler's own count (stored pages / parsed responses)
+    fetched_expected: int  # distinct expected URLs the server was asked for
+    page_requests: int
+    robots_requests: int
+    refetched: int  # page requests beyond the first for the same URL
+    unexpected: int  # page requests for URLs outside the expected set (e.g. disallowed)
+    window_s: float
+    page_rate: float
+    efficiency: float
+    violations: int
+    max_in_window: int
+    hosts: list[HostTiming] = field(default_factory=list)
+    per_second: list[int] = field(default_factory=list)  # all requests, 1 s bins from the first
+    process_seconds: float = 0.0
+    peak_rss_mb: float = 0.0
+
+    @property
+    def sum_of_caps(self) -> float:
+        return self.cap * self.hosts_total
+
+    @property
+    def limit(self) -> float:
+        return self.cap + self.burst
+
+    @property
+    def exact(self) -> bool:
+        return (
+            self.fetched_expected == self.expected
+            and self.refetched == 0
+            and self.unexpected == 0
+        )
+
+    @property
+    def meets_target(self) -> bool:
+        return self.exact and self.violations == 0 and self.efficiency >= TARGET_EFFICIENCY
+
+
+def window_counts(times: Sequence[float], window: float = 1.0) -> list[int]:
+    """For each request (sorted ``times``), how many requests fall in ``[t, t + window]``."""
+    out: list[int] = []
+    hi = 0
+    for lo, t in enumerate(times):
+        hi = max(hi, lo)
+        while hi < len(times) and times[hi] - t <= window:
+            hi += 1
+        out.append(hi - lo)
+    return out
+
+
+def _is_robots(raw: str) -> bool:
+    return raw.partition("?")[0] == "/robots.txt"
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def analyse(
+    result: PeerResult,
+    log: Sequence[LogEntry],
+    spec: SiteSpec,
+    expected: set[str],
+    cap: float,
+    burst: int = DECLARED_BURST,
+) -> Politeness:
+    """Politeness figures of one crawl from the server's request log."""
+    entries = sorted(log)
+    start = entries[0][0] if entries else 0.0
+    end = entries[-1][0] if entries else 0.0
+    window_s = end - start
+    limit = cap + burst
+
+    by_host: dict[str, list[LogEntry]] = defaultdict(list)
+    for e in entries:
+        by_host[e[1]].append(e)
+
+    page_urls: list[str] = []
+    robots_requests = 0
+    for _, host, raw in entries:
+        if _is_robots(raw):
+            robots_requests += 1
+        else:
+            page_urls.append(canonical_url(spec.url(host, raw)))
+    distinct = set(page_urls)
+
+    hosts: list[HostTiming] = []
+    for host in spec.hosts:
+        items = by_host.get(host, [])
+        times = [t for t, _, _ in items]
+        counts = window_counts(times)
+        gaps = [b - a for a, b in pairwise(times)]
+        hosts.append(
+            HostTiming(
+                host=host,
+                requests=len(items),
+                robots=sum(1 for _, _, raw in items if _is_robots(raw)),
+                first_s=times[0] - start if times else 0.0,
+                last_s=times[-1] - start if times else 0.0,
+                median_gap_s=statistics.median(gaps) if gaps else 0.0,
+                p99_gap_s=_percentile(gaps, 0.99),
+                max_gap_s=max(gaps, default=0.0),
+                max_in_window=max(counts, default=0),
+                violations=sum(1 for c in counts if c > limit),
+            )
+        )
+
+    per_second = [0] * (int(window_s) + 1) if entries else []
+    for t, _, _ in entries:
+        per_second[int(t - start)] += 1
+
+    page_rate = len(page_urls) / window_s if window_s > 0 else 0.0
+    return Politeness(
+        name=result.name,
+        cap=cap,
+        burst=burst,
+        hosts_total=len(spec.hosts),
+        expected=len(expected),
+        reported_pages=result.pages,
+        fetched_expected=len(distinct & expected),
+        page_requests=len(page_urls),
+        robots_requests=robots_requests,
+        refetched=len(page_urls) - len(distinct),
+        unexpected=len(distinct - expected),
+        window_s=window_s,
+        page_rate=page_rate,
+        efficiency=page_rate / (cap * len(spec.hosts)),
+        violations=sum(h.violations for h in hosts),
+        max_in_window=max((h.max_in_window for h in hosts), default=0),
+        hosts=hosts,
+        per_second=per_second,
+        process_seconds=result.process_seconds,
+        peak_rss_mb=result.peak_rss_mb,
+    )
+
+
+# -- running ---------------------------------------------------------------------------------------
+
+
+def _crawl_on_fresh_site(
+    spec: SiteSpec, fn: Callable[[], PeerResult | tuple[PeerResult, TreeMemorySampler]]
+) -> tuple[PeerResult, list[LogEntry]]:
+    with DemoSite(spec) as site:
+        out = fn()
+        log = site.snapshot()[1]
+    result = out[0] if isinstance(out, tuple) else out
+    return result, log
+
+
+# -- reporting -------------------------------------------------------------------------------------
+
+
+def _summary_table(runs: list[Politeness], title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("crawler", no_wrap=True)
+    for col in (
+        "pages",
+        "served/expected",
+        "exact",
+        "page req",
+        "robots",
+        "window s",
+        "pages/s",
+        "efficiency",
+        "violations",
+        "max/1s (limit)",
+        "process s",
+        "RSS MB",
+    ):
+        table.add_column(col, justify="right")
+    for r in runs:
+        eff_style = "green" if r.efficiency >= TARGET_EFFICIENCY else "yellow"
+        viol_style = "green" if r.violations == 0 else "red"
+        table.add_row(
+            r.name,
+            str(r.reported_pages),
+            f"{r.fetched_expected}/{r.expected}",
+            "[green]yes[/]" if r.exact else "[red]NO[/]",
+            str(r.page_requests),
+            str(r.robots_requests),
+            f"{r.window_s:.2f}",
+            f"{r.page_rate:.2f}",
+            f"[{eff_style}]{r.efficiency:.3f}[/]",
+            f"[{viol_style}]{r.violations}[/]",
+            f"{r.max_in_window} ({r.limit:g})",
+            f"{r.process_seconds:.1f}",
+            f"{r.peak_rss_mb:,.0f}",
+        )
+    return table
+
+
+def _host_table(run: Politeness) -> Table:
+    table = Table(title=f"{run.name}: per-host timing (s from its first request)")
+    table.add_column("host")
+    for col in (
+        "requests",
+        "first @",
+        "last @",
+        "req/s first..last",
+        "median gap",
+        "p99 gap",
+        "max gap",
+        "max/1s",
+        "violations",
+    ):
+        table.add_column(col, justify="right")
+    for h in run.hosts:
+        table.add_row(
+            h.host,
+            str(h.requests),
+            f"{h.first_s:.2f}",
+            f"{h.last_s:.2f}",
+            f"{h.active_rate:.2f}",
+            f"{h.median_gap_s:.3f}",
+            f"{h.p99_gap_s:.3f}",
+            f"{h.max_gap_s:.3f}",
+            str(h.max_in_window),
+            str(h.violations),
+        )
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--hosts", type=int, default=6)
+    parser.add_argument("--pages", type=int, default=1800)
+    parser.add_argument("--cap", type=float, default=5.0, help="requests/s per host")
+    parser.add_argument("--port", type=int, help="site port (default: first free from 18600)")
+    parser.add_argument("--page-bytes", type=int, default=12_000)
+    parser.add_argument("--links-per-page", type=int, default=10)
+    parser.add_argument("--fetch-workers", type=int, default=1, help="crawlfleet fetch workers")
+    parser.add_argument(
+        "--scrapy-concurrency", type=int, default=16, help="Scrapy CONCURRENT_REQUESTS"
+    )
+    parser.add_argument("--skip-crawlfleet", action="store_true")
+    parser.add_argument("--skip-scrapy", action="store_true")
+    parser.add_argument("--crawlfleet-cmd", help="command to start crawlfleet (default: found)")
+    parser.add_argument(
+        "--crawlfleet-arg",
+        action="append",
+        default=[],
+        help="extra argument for `crawlfleet crawl` (repeatable)",
+    )
+    parser.add_argument("--timeout", type=float, default=1800.0, help="per-crawler seconds")
+    parser.add_argument("--timeline", action="store_true", help="print requests per second")
+    parser.add_argument("--json-out", type=Path, help="also write the results as JSON here")
+    args = parser.parse_args(argv)
+    if args.cap <= 0:
+        parser.error("--cap must be > 0")
+    console = Console(width=None if sys.stdout.isatty() else 160)
+
+    command = None
+    if not args.skip_crawlfleet:
+        command = crawlfleet_command(args.crawlfleet_cmd)
+        if command is None:
+            console.print("[red]crawlfleet command not found[/]; pass --crawlfleet-cmd")
+            return 2
+
+    host_ips = [f"127.0.0.{2 + k}" for k in range(args.hosts)]
+    port = args.port if args.port is not None else free_port(host_ips, start=18600)
+    spec = bench_spec(port, args.pages, args.hosts, args.page_bytes, args.links_per_page)
+    expected = set(spec.expected())
+    seeds, hosts = spec.seeds(), list(spec.hosts)
+    sum_caps = args.cap * len(hosts)
+
+    # run_crawlfleet passes `--rate-cap 100000` (its throughput setting) first; a click option
+    # given twice takes its last value, so this --rate-cap is the one crawlfleet uses.
+    fleet_args = [
+        "--rate-cap",
+        f"{args.cap:g}",
+        "--fetch-workers",
+        str(args.fetch_workers),
+        *args.crawlfleet_arg,
+    ]
+    scrapy_settings = scrapy_polite_settings(args.cap, args.scrapy_concurrency)
+    console.print(
+        f"site: {args.pages} pages x ~{args.page_bytes} B on {len(hosts)} hosts "
+        f"({hosts[0]}..{hosts[-1]}:{port}), {len(expected)} URLs expected\n"
+        f"cap: {args.cap:g} req/s per host, sum of caps {sum_caps:g} req/s "
+        f"(ideal crawl ~{len(expected) / sum_caps:.0f} s); violation = more than "
+        f"{args.cap + DECLARED_BURST:g} requests to a host in a closed 1 s window "
+        f"(cap + declared burst {DECLARED_BURST})\n"
+        f"crawlfleet: crawl --allow-private --scope seeds {' '.join(fleet_args)}\n"
+        f"scrapy: {', '.join(f'{k}={v!r}' for k, v in scrapy_settings.items())}\n"
+        f"server in-process thread, crawlers in subprocesses; {os.cpu_count()} CPUs"
+    )
+
+    plan: list[tuple[str, Callable[[], PeerResult | tuple[PeerResult, TreeMemorySampler]]]] = []
+    if not args.skip_scrapy:
+        plan.append(
+            (
+                "scrapy",
+                lambda: run_polite_scrapy(
+                    seeds, hosts, args.cap, args.scrapy_concurrency, args.timeout
+                ),
+            )
+        )
+    if command is not None:
+        cmd = command
+        plan.append(("crawlfleet", lambda: run_crawlfleet(cmd, spec, fleet_args, args.timeout)))
+
+    runs: list[Politeness] = []
+    for name, fn in plan:
+        console.print(f"running {name} ...")
+        try:
+            result, log = _crawl_on_fresh_site(spec, fn)
+        except RuntimeError as exc:
+            console.print(f"[red]{name} failed:[/] {exc}")
+            continue
+        run = analyse(result, log, spec, expected, args.cap)
+        runs.append(run)
+        console.print(
+            f"  {run.page_requests} page requests in {run.window_s:.2f} s = "
+            f"{run.page_rate:.2f}/s, efficiency {run.efficiency:.3f}, "
+            f"{run.violations} violations (max {run.max_in_window} in 1 s)"
+        )
+
+    console.print(
+        _summary_table(
+            runs,
+            f"politeness: {len(hosts)} hosts x cap {args.cap:g} req/s, "
+            f"{len(expected)} pages expected, sum of caps {sum_caps:g} req/s",
+        )
+    )
+    for run in runs:
+        console.print(_host_table(run))
+        if args.timeline:
+            console.print(f"{run.name} requests per second: {run.per_second}")
+
+    fleet = next((r for r in runs if r.name.startswith("crawlfleet")), None)
+    ok = len(runs) == len(plan)
+    if fleet is not None:
+        verdict = "[green]met[/]" if fleet.meets_target else "[red]MISSED[/]"
+        console.print(
+            f"crawlfleet target (efficiency >= {TARGET_EFFICIENCY}, 0 violations, exact pages): "
+            f"{verdict}"
+        )
+        ok = ok and fleet.meets_target
+
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        payload: dict[str, Any] = {
+            "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "port": port,
+            "expected": len(expected),
+            "sum_of_caps": sum_caps,
+            "declared_burst": DECLARED_BURST,
+            "scrapy_settings": scrapy_settings,
+            "crawlfleet_args": fleet_args,
+            "cpus": os.cpu_count(),
+            "runs": [
+                {
+                    **asdict(r),
+                    "exact": r.exact,
+                    "meets_target": r.meets_target,
+                    "hosts": [{**asdict(h), "active_rate": h.active_rate} for h in r.hosts],
+                }
+                for r in runs
+            ],
+        }
+        args.json_out.write_text(json.dumps(payload, indent=2))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
