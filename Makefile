@@ -6,18 +6,21 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: setup demo test lint bench clean-cache
+.PHONY: sysdeps setup demo test lint bench clean-cache
+
+# System tools: Java + Maven run the local Kafka; faketime runs the clock-skew fault test.
+sysdeps:
+	@command -v java >/dev/null && command -v mvn >/dev/null && command -v faketime >/dev/null || \
+	  (echo "installing Java, Maven and faketime (apt-get)"; apt-get update -qq && \
+	   apt-get install -y -qq openjdk-17-jre-headless maven faketime >/dev/null)
 
 $(STAMP): pyproject.toml
-	@command -v java >/dev/null && command -v mvn >/dev/null || \
-	  (echo "installing Java and Maven (apt-get)"; apt-get update -qq && \
-	   apt-get install -y -qq openjdk-17-jre-headless maven >/dev/null)
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,bench]'
 	@rm -f $(VENV)/.installed-* && touch $(STAMP)
 
-setup: $(STAMP)
+setup: sysdeps $(STAMP)
 
 demo: setup
 	$(BIN)/crawlfleet demo
