@@ -1,0 +1,146 @@
+"""SeenStore on its own (no broker): RocksDB per partition, compact values, files kept on drop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from consumers.seen import (
+    DEAD,
+    DONE,
+    KEY_CHECKPOINT,
+    RETRYING,
+    SeenStore,
+    decode_value,
+    encode_value,
+)
+from crawlfleet.errors import InfraError
+
+
+@pytest.mark.parametrize("state", [DONE, RETRYING, DEAD])
+@pytest.mark.parametrize("attempt", [0, 1, 2, 3, 63, 64, 127, 128, 300, 2**31 - 1, -1, -2**31,
+                                     2**63 - 1, -2**63])
+def test_value_codec_round_trip(state: str, attempt: int) -> None:
+    raw = encode_value(state, attempt)
+    assert decode_value(raw) == (state, attempt)
+
+
+def test_value_codec_is_compact() -> None:
+    assert encode_value(DONE, 0) == b"\x00\x00"
+    assert len(encode_value(RETRYING, 2)) == 2
+    assert len(encode_value(DEAD, 63)) == 2
+    assert len(encode_value(DEAD, 64)) == 3
+
+
+@pytest.mark.parametrize("raw", [b"", b"\x03\x00", b"\x00", b"\x00\x80", b"\x00\x00\x00"])
+def test_value_codec_rejects_corrupt(raw: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode_value(raw)
+
+
+def test_value_codec_rejects_unknown_state() -> None:
+    with pytest.raises(ValueError):
+        encode_value("MAYBE", 0)
+    with pytest.raises(ValueError):
+        encode_value(DONE, 2**63)
+
+
+def test_put_get_and_closed_partitions_ignored(tmp_path: Path) -> None:
+    store = SeenStore(tmp_path / "seen")
+    try:
+        store.open(0)
+        store.open(3)
+        assert store.partitions() == {0, 3}
+        store.put_many([
+            (0, "default|http://a.test/x", DONE, 0),
+            (3, "default|http://b.test/ü?q=1", RETRYING, 2),
+            (1, "default|http://c.test/", DONE, 0),  # partition 1 is not open: ignored
+        ])
+        assert store.get(0, "default|http://a.test/x") == (DONE, 0)
+        assert store.get(3, "default|http://b.test/ü?q=1") == (RETRYING, 2)
+        assert store.get(1, "default|http://c.test/") is None
+        assert store.get(3, "default|http://a.test/x") is None  # partitions are separate
+        assert store.get(2, "anything") is None
+        store.put_many([(3, "default|http://b.test/ü?q=1", DEAD, 3)])  # last write wins
+        assert store.get(3, "default|http://b.test/ü?q=1") == (DEAD, 3)
+        assert not (tmp_path / "seen" / "p1").exists()
+    finally:
+        store.close()
+
+
+def test_reserved_keys_never_collide(tmp_path: Path) -> None:
+    store = SeenStore(tmp_path)
+    try:
+        store.open(0)
+        assert store.checkpoint(0) == 0
+        store.put_many([(0, KEY_CHECKPOINT.decode(), DONE, 7)])  # refused, not stored
+        assert store.get(0, KEY_CHECKPOINT.decode()) is None
+        assert store.checkpoint(0) == 0
+    finally:
+        store.close()
+
+
+def test_drop_then_reopen_keeps_data_on_disk(tmp_path: Path) -> None:
+    directory = tmp_path / "seen" / "w1"
+    store = SeenStore(directory)
+    store.open(5)
+    store.put_many((5, f"default|http://h.test/{i}", DONE, i % 3) for i in range(1000))
+    store.drop(5)
+    assert store.partitions() == set()
+    assert store.get(5, "default|http://h.test/1") is None  # dropped: not ours any more
+    assert (directory / "p5").is_dir()
+    store.put_many([(5, "default|http://h.test/late", DONE, 0)])  # after drop: ignored
+    store.open(5)
+    assert store.get(5, "default|http://h.test/1") == (DONE, 1)
+    assert store.get(5, "default|http://h.test/999") == (DONE, 0)
+    assert store.get(5, "default|http://h.test/late") is None
+    store.close()
+
+    again = SeenStore(directory)  # a new store (next membership / process) on the same files
+    try:
+        again.open(5)
+        assert again.get(5, "default|http://h.test/500") == (DONE, 2)
+    finally:
+        again.close()
+    assert (directory / "p5").is_dir()  # a store with its own directory keeps its files
+
+
+def test_len_estimates_key_count(tmp_path: Path) -> None:
+    store = SeenStore(tmp_path)
+    try:
+        assert len(store) == 0
+        store.open(0)
+        store.open(1)
+        assert len(store) == 0  # reserved keys are not counted
+        store.put_many((i % 2, f"default|http://h.test/{i}", DONE, 0) for i in range(5000))
+        assert 4500 <= len(store) <= 5500
+        store.drop(1)
+        assert 2000 <= len(store) <= 3000
+    finally:
+        store.close()
+
+
+def test_temp_directory_removed_on_close() -> None:
+    store = SeenStore()
+    directory = store.directory
+    store.open(0)
+    store.put_many([(0, "p|http://x.test/", DONE, 0)])
+    assert directory.is_dir()
+    store.close()
+    assert not directory.exists()
+    assert store.partitions() == set()
+
+
+def test_one_directory_one_owner(tmp_path: Path) -> None:
+    first, second = SeenStore(tmp_path), SeenStore(tmp_path)
+    try:
+        first.open(0)
+        with pytest.raises(InfraError, match="same worker id"):
+            second.open(0)
+        assert second.partitions() == set()
+        first.drop(0)
+        second.open(0)  # the files are free again once the owner closed them
+    finally:
+        first.close()
+        second.close()
