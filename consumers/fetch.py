@@ -119,7 +119,10 @@ class _Session:
         # store only after its transaction commits, so the store never holds aborted state.
         self.pending_seen: dict[tuple[int, str], tuple[str, int]] = {}
         self.committing_seen: dict[tuple[int, str], tuple[str, int]] = {}
-        self.inflight_keys: set[str] = set()
+        # Dedupe key -> (partition, epoch) of the job holding it. A holder from an older
+        # epoch (its partition was revoked, maybe re-assigned) does not count: the
+        # redelivered copy must run, or the job would be lost.
+        self.inflight: dict[str, tuple[TP, int]] = {}
         self.robots: dict[str, RobotsRules] = {}
         self.robots_expiry: dict[str, float] = {}
         self.robots_pending: dict[str, asyncio.Future[RobotsRules]] = {}
@@ -343,12 +346,17 @@ class _Session:
                 self.status.add("skipped_seen")
                 self._finish(pj, [], None)
                 continue
-            self.inflight_keys.add(pj.key)
+            self.inflight[pj.key] = (pj.tp, pj.epoch)
             self.sched.push(job["target"], pj, now, tier=job.get("priority", 0))
         self.wake.set()
 
+    def _release(self, pj: Pending) -> None:
+        if self.inflight.get(pj.key) == (pj.tp, pj.epoch):
+            del self.inflight[pj.key]
+
     def _is_duplicate(self, pj: Pending) -> bool:
-        if pj.key in self.inflight_keys:
+        holder = self.inflight.get(pj.key)
+        if holder is not None and self.epochs.get(holder[0]) == holder[1]:
             return True
         ref = (pj.tp[1], pj.key)
         state = self.pending_seen.get(ref) or self.committing_seen.get(ref) \
@@ -382,7 +390,7 @@ class _Session:
                 started = 0
                 for target, pj in self.sched.pop_ready(now, free):
                     if self.epochs.get(pj.tp) != pj.epoch:
-                        self.inflight_keys.discard(pj.key)
+                        self._release(pj)
                         continue  # partition moved away: the new owner redoes it
                     if target in self.windows and self._outside_window(target, pj, now):
                         continue
@@ -433,7 +441,7 @@ class _Session:
         def keep(pj: Pending) -> bool:
             if self.epochs.get(pj.tp) == pj.epoch:
                 return True
-            self.inflight_keys.discard(pj.key)
+            self._release(pj)
             return False
         self.sched.drop(keep)
 
@@ -519,7 +527,7 @@ class _Session:
         jobs = self.sched.take(target)
         for pj in jobs:
             if self.epochs.get(pj.tp) != pj.epoch:
-                self.inflight_keys.discard(pj.key)
+                self._release(pj)
                 continue
             again = {**pj.job, "delay_ms": int(max(wait_s, tier) * 1000)}
             self._finish(pj, [self.enc.job(self.st.topology.retry(tier), again)],
@@ -548,7 +556,7 @@ class _Session:
 
     def _finish(self, pj: Pending, outputs: list[Output],
                 seen_state: tuple[str, int] | None) -> None:
-        self.inflight_keys.discard(pj.key)
+        self._release(pj)
         if seen_state is not None:
             state, attempt = seen_state
             outputs = [*outputs, self.enc.record(self.st.topology.seen, "Seen", pj.job["target"],
