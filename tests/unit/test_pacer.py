@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from consumers.pacer import Pacer
 
 
@@ -39,7 +41,7 @@ def test_membership_change_applies_at_once() -> None:
 
 def test_spacing_is_strict() -> None:
     times = _dispatches(Pacer(5.0, members=2), 5.0)
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     assert min(gaps) >= 0.4 - 1e-9
 
 
