@@ -1,0 +1,619 @@
+"""The chaos proof: crawl a local site while SIGKILLing random workers (and a broker).
+
+``run_chaos`` starts its own Kafka (1 node, or 3 with one hard-killed and restarted
+mid-crawl), serves the generated bench site on loopback, runs every stage as its own process
+through :class:`crawlfleet.crawl.Fleet`, publishes the seeds, and then every ``kill_every_s``
+seconds sends SIGKILL to a randomly chosen worker (seeded schedule), which the fleet restarts
+with the same worker id. When the crawl is nearly done it stops killing, waits for the
+pipeline to drain, and audits the result against what a correct crawler must store:
+
+* ``lost``: expected URLs not in the store;
+* ``stored_duplicates``: rows FINAL does not collapse (count - uniqExact(url)) plus committed
+  duplicates in the raw ``crawl.parsed`` topic, read ``read_committed`` (a dedupe key that
+  appears twice there is a result downstream would have seen twice);
+* the fetch over-apply ratio: page requests the site received ÷ distinct pages. A kill
+  redoes the work in flight at that moment, so the ratio is judged against a bound built
+  from the in-flight gauges the workers reported around each kill.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from rich.console import Console
+from rich.table import Table
+
+from consumers.runtime import read_statuses, topology_of
+from crawlfleet.config import Settings
+from crawlfleet.crawl import IDLE_S, Fleet, Plan, _calm
+from crawlfleet.errors import InfraError
+from infra import kafka_local
+from infra.clickhouse import PORT_FILE, run_query
+from infra.demo_site import DemoSite, bench_spec, free_port
+from infra.lag import LagProbe
+from infra.topics import create_topics
+from producers.frontier import PublishReport, jobs_from_lines, publish
+
+BASE_PORT = {1: 41092, 3: 41192}
+SITE_HOSTS = 8
+BROKER_VICTIM = 2
+BROKER_DOWN_S = 10.0
+#: The broker goes down once this share of the expected pages has been requested.
+BROKER_KILL_AT_PROGRESS = 0.2
+#: Stop killing once this share of the expected pages has been requested: the tail of the
+#: crawl then drains without chaos, so "drained" measures recovery, not luck.
+KILL_UNTIL_PROGRESS = 0.9
+#: How long after a kill a rebalance can still drop work in flight on any fetch worker:
+#: the victim's session expiring (session timeout) plus its replacement starting and joining.
+EXPOSURE_WINDOW_S = 12.0
+TICK_S = 0.5
+
+
+@dataclass
+class Kill:
+    """One SIGKILL of a worker, with what it and the fetch fleet held just before."""
+
+    at_s: float
+    worker: str
+    stage: str
+    pid: int
+    wall: float  # time.time() of the kill, to line up with logs and record timestamps
+    inflight: int  # the victim's in-flight gauge just before the kill
+    queued: int  # the victim's queued gauge just before the kill
+    #: Largest in-flight + queued over all fetch workers from the kill until the rebalance it
+    #: causes is over (fetch kills only): every fetch worker may drop and redo that much.
+    fetch_exposure: int = 0
+
+
+@dataclass
+class BrokerKill:
+    node: int
+    at_s: float
+    restarted_at_s: float | None = None
+    error: str = ""
+    fetch_exposure: int = 0
+
+
+@dataclass
+class ChaosReport:
+    pages: int
+    nodes: int
+    fetch_workers: int
+    parse_workers: int
+    kill_every_s: float
+    seed: int
+    topic_prefix: str
+    pages_expected: int
+    pages_stored: int  # count() FROM pages FINAL
+    distinct_urls: int  # uniqExact(url) FROM pages FINAL
+    raw_rows: int  # count() FROM pages (replays not yet collapsed)
+    dead_lettered: int
+    dead_by_reason: dict[str, int]
+    lost: int  # expected URLs not stored
+    lost_sample: list[str]
+    unexpected_pages: int  # stored URLs a correct crawler would not store
+    wrong_status: int  # stored with a status other than the expected one
+    final_duplicates: int  # count FINAL - uniqExact(url)
+    committed_duplicates: int  # extra committed records per dedupe key in crawl.parsed
+    parsed_records: int  # committed records read from crawl.parsed
+    stored_duplicates: int  # final_duplicates + committed_duplicates
+    page_requests: int  # requests the site received, robots.txt excluded
+    distinct_requested: int  # distinct page URLs requested
+    robots_requests: int
+    over_apply_ratio: float  # page_requests / distinct_requested
+    inflight_at_kills: int  # Σ victim in-flight + queued at kill
+    fetch_exposure: int  # Σ fetch-fleet in-flight + queued around fetch and broker kills
+    over_apply_bound: float  # 1 + fetch_exposure / distinct_requested
+    kills: list[Kill]
+    broker_kills: list[BrokerKill]
+    restarts: int
+    seconds: float  # wall time: infra start-up to the audit
+    crawl_seconds: float  # seeds published to drained
+    drain_seconds: float  # last kill (or broker restart) to drained
+    drained: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def kills_by_stage(self) -> dict[str, int]:
+        return dict(collections.Counter(k.stage for k in self.kills))
+
+    @property
+    def within_bound(self) -> bool:
+        return self.over_apply_ratio <= self.over_apply_bound + 1e-9
+
+    @property
+    def ok(self) -> bool:
+        return self.drained and self.lost == 0 and self.stored_duplicates == 0
+
+
+def run_chaos(pages: int, nodes: int, fetch_workers: int, parse_workers: int,
+              kill_every_s: float, seed: int, data_dir: Path | None, timeout_s: float,
+              console: Console, *, rate_cap: float = 500.0,
+              partitions: int = 12) -> ChaosReport:
+    """Crawl ``pages`` local pages under worker kills (and a broker kill with 3 nodes)."""
+    if nodes not in BASE_PORT:
+        raise InfraError(f"nodes must be 1 or 3, not {nodes}")
+    if kill_every_s <= 0:
+        raise InfraError("kill_every_s must be > 0")
+    began = time.monotonic()
+    temp = data_dir is None
+    root = Path(tempfile.mkdtemp(prefix="crawlfleet-chaos-")) if data_dir is None \
+        else Path(data_dir).expanduser().resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    kafka_home = root / f"kafka-{nodes}"
+    prefix = f"chaos{int(time.time())}{uuid.uuid4().hex[:6]}."
+    saved_jars = os.environ.get(kafka_local.JARS_ENV)
+    try:
+        if not saved_jars:
+            os.environ[kafka_local.JARS_ENV] = str(kafka_local.ensure_jars())
+        console.print(f"[bold]chaos[/bold]: starting a {nodes}-node Kafka in {kafka_home}")
+        _await_ports(BASE_PORT[nodes], nodes)
+        bootstrap = kafka_local.up(nodes=nodes, base_dir=kafka_home,
+                                   base_port=BASE_PORT[nodes])
+        spec = bench_spec(free_port(tuple(f"127.0.0.{2 + k}" for k in range(SITE_HOSTS)),
+                                    18900), pages=pages, hosts=SITE_HOSTS)
+        seeds = spec.seeds()
+        settings = Settings(
+            bootstrap_servers=bootstrap, data_dir=root / "runs" / prefix.rstrip("."),
+            topic_prefix=prefix, partitions=partitions, replication=3 if nodes == 3 else 1,
+            allow_private=True, scope="seeds", rate_cap=rate_cap, session_timeout_ms=6000)
+        settings = settings.replace(allowed_targets=_seed_targets(seeds, settings))
+        with DemoSite(spec) as site:
+            return _Run(settings, spec.expected(), seeds, site, kafka_home,
+                        Plan(fetch_workers=fetch_workers, parse_workers=parse_workers),
+                        kill_every_s, seed, timeout_s, console, began,
+                        dict(pages=pages, nodes=nodes)).execute()
+    finally:
+        try:
+            kafka_local.down(kafka_home)
+        finally:
+            if not saved_jars:
+                os.environ.pop(kafka_local.JARS_ENV, None)
+            if temp:
+                shutil.rmtree(root, ignore_errors=True)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((kafka_local.HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _await_ports(base_port: int, nodes: int, timeout_s: float = 75.0) -> None:
+    """Wait out sockets that merely linger on the cluster's ports (TIME_WAIT lasts 60 s).
+
+    The fixed ports lie in Linux's ephemeral range, so a closed connection of any local
+    client can hold one for a minute; a real listener is left for ``kafka_local.up`` to
+    report.
+    """
+    ports = [kafka_local.broker_port(base_port, n) + k for n in range(1, nodes + 1)
+             for k in (0, 1)]
+    deadline = time.monotonic() + timeout_s
+    for port in ports:
+        while not _bindable(port) and time.monotonic() < deadline:
+            with contextlib.suppress(OSError), \
+                    socket.create_connection((kafka_local.HOST, port), timeout=0.5):
+                return  # someone listens there: let `up` say so
+            time.sleep(1.0)
+
+
+def _seed_targets(seeds: list[str], settings: Settings) -> tuple[str, ...]:
+    return tuple(sorted({j["target"] for j in jobs_from_lines(seeds, settings,
+                                                              PublishReport())}))
+
+
+class _BrokerBounce(threading.Thread):
+    """Hard-kill one broker, keep it down a while, start it again (off the main loop)."""
+
+    def __init__(self, home: Path, node: int, down_s: float, t0: float) -> None:
+        super().__init__(name="chaos-broker", daemon=True)
+        self.home, self.node, self.down_s, self.t0 = home, node, down_s, t0
+        self.record = BrokerKill(node=node, at_s=0.0)
+        self.cancel = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.record.at_s = round(time.monotonic() - self.t0, 2)
+            kafka_local.stop_node(self.node, base_dir=self.home, hard=True)
+            self.cancel.wait(self.down_s)
+            kafka_local.start_node(self.node, base_dir=self.home)
+            self.record.restarted_at_s = round(time.monotonic() - self.t0, 2)
+        except Exception as exc:  # report it; the crawl must survive a missing node anyway
+            self.record.error = str(exc).splitlines()[0] if str(exc) else repr(exc)
+
+
+class _Run:
+    """One chaos crawl: the fleet, the kill schedule, drain detection and the audit."""
+
+    def __init__(self, settings: Settings, expected: dict[str, int], seeds: list[str],
+                 site: DemoSite, kafka_home: Path, plan: Plan, kill_every_s: float, seed: int,
+                 timeout_s: float, console: Console, began: float,
+                 shape: dict[str, int]) -> None:
+        self.s = settings
+        self.expected = expected
+        self.seeds = seeds
+        self.site = site
+        self.kafka_home = kafka_home
+        self.plan = plan
+        self.kill_every_s = kill_every_s
+        self.rng = random.Random(seed)  # noqa: S311 - a reproducible kill schedule
+        self.seed = seed
+        self.timeout_s = timeout_s
+        self.console = console
+        self.began = began
+        self.shape = shape
+        self.topo = topology_of(settings)
+        self.fleet = Fleet(settings, plan, settings.data_dir / "logs")
+        self.kills: list[Kill] = []
+        self.bounce: _BrokerBounce | None = None
+        self.notes: list[str] = []
+        self.unsettled = ""  # why the last drain check failed, for a timeout's report
+        self._stage_cycle: list[str] = []
+        # (window end, record) of kills whose rebalance may still drop fetch work
+        self._windows: list[tuple[float, Kill | BrokerKill]] = []
+        self.t0 = time.monotonic()
+
+    # --- the crawl ----------------------------------------------------------------------
+
+    def execute(self) -> ChaosReport:
+        self.s.data_dir.mkdir(parents=True, exist_ok=True)
+        create_topics(self.s)
+        self.fleet.start()
+        try:
+            report = publish(self.seeds, self.s)
+            if report.errors:
+                raise InfraError(f"seed errors: {report.errors[:3]}")
+            self.t0 = time.monotonic()
+            self.console.print(f"crawling {len(self.expected)} pages on {SITE_HOSTS} hosts "
+                               f"(topics {self.s.topic_prefix}*), a kill every "
+                               f"{self.kill_every_s:g}s")
+            drained, calm_at, last_chaos = self._loop()
+            crawl_s = calm_at - self.t0
+            drain_s = calm_at - last_chaos if drained else 0.0
+            return self._audit(drained, crawl_s, drain_s)
+        finally:
+            if self.bounce is not None:
+                self.bounce.cancel.set()
+                self.bounce.join(timeout=120)
+            self.fleet.stop()
+
+    def _progress(self) -> float:
+        requested = len(self.site.requests) - len(self.s.allowed_targets)  # robots.txt
+        return max(0, requested) / max(1, len(self.expected))
+
+    def _loop(self) -> tuple[bool, float, float]:
+        probe = LagProbe(self.s)
+        killing_until = self.t0 + max(self.timeout_s * 0.6, self.kill_every_s * 4)
+        next_kill: float | None = None
+        last_chaos = self.t0
+        last_print = 0.0
+        calm_since: float | None = None
+        try:
+            while True:
+                time.sleep(TICK_S)
+                now = time.monotonic()
+                self.fleet.heal()
+                statuses = read_statuses(self.s.status_dir)
+                self._track_exposure(statuses, now)
+                progress = self._progress()
+                killing = progress < KILL_UNTIL_PROGRESS and now < killing_until
+                if next_kill is None and progress > 0:
+                    next_kill = now + self._interval()  # the crawl is under way
+                if killing and next_kill is not None and now >= next_kill:
+                    self._kill(statuses, now)
+                    last_chaos = time.monotonic()
+                    next_kill = last_chaos + self._interval()
+                if self.s.replication == 3 and self.bounce is None and \
+                        progress >= BROKER_KILL_AT_PROGRESS:
+                    self.bounce = _BrokerBounce(self.kafka_home, BROKER_VICTIM, BROKER_DOWN_S,
+                                                self.t0)
+                    self.bounce.record.fetch_exposure = _fetch_load(statuses)
+                    self._windows.append((now + EXPOSURE_WINDOW_S, self.bounce.record))
+                    self.console.print(f"[red]{now - self.t0:6.1f}s  SIGKILL broker "
+                                       f"{BROKER_VICTIM}[/red] (down {BROKER_DOWN_S:g}s)")
+                    self.bounce.start()
+                bouncing = self.bounce is not None and self.bounce.is_alive()
+                if bouncing and self.bounce is not None:  # exposed until it is back + a while
+                    self._windows.append((now + EXPOSURE_WINDOW_S, self.bounce.record))
+                if self.bounce is not None and not bouncing and \
+                        self.bounce.record.restarted_at_s is not None:
+                    last_chaos = max(last_chaos, self.t0 + self.bounce.record.restarted_at_s)
+                quiet = not killing and not bouncing and \
+                    (self.bounce is not None or self.s.replication == 1)
+                if now - last_print >= 5.0:
+                    last_print = now
+                    waiting = f"  draining: {self.unsettled[:160]}" \
+                        if quiet and self.unsettled else ""
+                    self.console.print(f"{now - self.t0:6.1f}s  requested {progress:6.1%}  "
+                                       f"kills {len(self.kills)}  restarts "
+                                       f"{self.fleet.restarts}{waiting}")
+                if quiet and self._calm(statuses, probe):
+                    calm_since = calm_since or now
+                    if now - calm_since >= 1.0:
+                        return True, now, last_chaos
+                else:
+                    calm_since = None
+                if now - self.t0 > self.timeout_s:
+                    self.notes.append(f"not drained within {self.timeout_s:g}s; last check: "
+                                      f"{self.unsettled or 'chaos still running'}")
+                    return False, now, last_chaos
+        finally:
+            probe.close()
+
+    def _interval(self) -> float:
+        return self.kill_every_s * self.rng.uniform(0.75, 1.25)
+
+    def _calm(self, statuses: list[dict[str, Any]], probe: LagProbe) -> bool:
+        dead = [w for w, p in self.fleet.procs.items() if p.poll() is not None]
+        if dead:
+            self.unsettled = f"exited, restarting: {dead}"
+            return False
+        t = self.topo
+        lags = {
+            "frontier": probe.lag(t.group("fetch"), [t.frontier, t.frontier_high], t.partitions),
+            "fetched": probe.lag(t.group("parse"), [t.fetched], t.partitions),
+            "parsed": probe.lag(t.group("store"), [t.parsed, t.telemetry, t.dead], t.partitions),
+            "retry": probe.lag(t.group("retry"), t.retry_topics, t.partitions),
+        }
+        if _calm(statuses, lags, self.fleet, t.partitions):
+            return True
+        self.unsettled = _unsettled(statuses, lags, sum(self.plan.counts().values()))
+        return False
+
+    # --- kills --------------------------------------------------------------------------
+
+    def _victim(self) -> str:
+        """A random worker of the next stage in a shuffled cycle: every stage gets hit."""
+        by_stage: dict[str, list[str]] = collections.defaultdict(list)
+        for wid in sorted(self.fleet.procs):
+            by_stage[wid.rsplit("-", 1)[0]].append(wid)
+        if not self._stage_cycle:
+            self._stage_cycle = sorted(by_stage)
+            self.rng.shuffle(self._stage_cycle)
+        return self.rng.choice(by_stage[self._stage_cycle.pop()])
+
+    def _kill(self, statuses: list[dict[str, Any]], now: float) -> None:
+        wid = self._victim()
+        stage = wid.rsplit("-", 1)[0]
+        gauges: dict[str, int] = {}
+        for st in statuses:
+            if st.get("worker") == wid:
+                gauges = st.get("gauges", {})
+        proc = self.fleet.procs[wid]
+        kill = Kill(at_s=round(now - self.t0, 2), worker=wid, stage=stage, pid=proc.pid,
+                    wall=round(time.time(), 3),
+                    inflight=int(gauges.get("inflight", 0)),
+                    queued=int(gauges.get("queued", 0)))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        self.fleet.heal()  # the same worker id comes back and fences its former self
+        if stage == "fetch":
+            kill.fetch_exposure = _fetch_load(statuses)
+            self._windows.append((now + EXPOSURE_WINDOW_S, kill))
+        self.kills.append(kill)
+        self.console.print(f"[yellow]{kill.at_s:6.1f}s  SIGKILL {wid}[/yellow] (pid "
+                           f"{kill.pid}, in flight {kill.inflight}, queued {kill.queued})")
+
+    def _track_exposure(self, statuses: list[dict[str, Any]], now: float) -> None:
+        load = _fetch_load(statuses)
+        self._windows = [(end, rec) for end, rec in self._windows if end >= now]
+        for _, rec in self._windows:
+            rec.fetch_exposure = max(rec.fetch_exposure, load)
+
+    # --- the audit ----------------------------------------------------------------------
+
+    def _audit(self, drained: bool, crawl_s: float, drain_s: float) -> ChaosReport:
+        _wait_for_store(self.s)
+        q = self._query
+        pages_stored = int(q("SELECT count() FROM pages FINAL")[0][0])
+        distinct = int(q("SELECT uniqExact(url) FROM pages FINAL")[0][0])
+        raw_rows = int(q("SELECT count() FROM pages")[0][0])
+        stored = {str(u): int(st) for u, st in q("SELECT url, status FROM pages FINAL")}
+        dead = {str(r): int(n) for r, n in
+                q("SELECT reason, count() FROM dead_letters FINAL GROUP BY reason "
+                  "ORDER BY reason")}
+        lost = sorted(set(self.expected) - set(stored))
+        unexpected = set(stored) - set(self.expected)
+        wrong = sum(1 for u, st in stored.items()
+                    if u in self.expected and self.expected[u] != st)
+        parsed_records, committed_dupes = committed_duplicates(self.s, self.topo.parsed,
+                                                               self.topo.partitions)
+        requests, _ = self.site.snapshot()
+        page_reqs = {u: n for u, n in requests.items() if not u.endswith("/robots.txt")}
+        robots = sum(n for u, n in requests.items() if u.endswith("/robots.txt"))
+        total = sum(page_reqs.values())
+        distinct_req = len(page_reqs)
+        ratio = total / distinct_req if distinct_req else 0.0
+        exposure = sum(k.fetch_exposure for k in self.kills) + \
+            (self.bounce.record.fetch_exposure if self.bounce is not None else 0)
+        final_dupes = pages_stored - distinct
+        return ChaosReport(
+            pages=self.shape["pages"], nodes=self.shape["nodes"],
+            fetch_workers=self.plan.fetch_workers, parse_workers=self.plan.parse_workers,
+            kill_every_s=self.kill_every_s, seed=self.seed, topic_prefix=self.s.topic_prefix,
+            pages_expected=len(self.expected), pages_stored=pages_stored,
+            distinct_urls=distinct, raw_rows=raw_rows, dead_lettered=sum(dead.values()),
+            dead_by_reason=dead, lost=len(lost), lost_sample=lost[:10],
+            unexpected_pages=len(unexpected), wrong_status=wrong,
+            final_duplicates=final_dupes, committed_duplicates=committed_dupes,
+            parsed_records=parsed_records, stored_duplicates=final_dupes + committed_dupes,
+            page_requests=total, distinct_requested=distinct_req, robots_requests=robots,
+            over_apply_ratio=round(ratio, 4),
+            inflight_at_kills=sum(k.inflight + k.queued for k in self.kills),
+            fetch_exposure=exposure,
+            over_apply_bound=round(1 + exposure / distinct_req, 4) if distinct_req else 1.0,
+            kills=self.kills,
+            broker_kills=[self.bounce.record] if self.bounce is not None else [],
+            restarts=self.fleet.restarts, seconds=round(time.monotonic() - self.began, 1),
+            crawl_seconds=round(crawl_s, 1), drain_seconds=round(drain_s, 1),
+            drained=drained, notes=self.notes)
+
+    def _query(self, sql: str) -> list[list[Any]]:
+        return run_query(self.s, sql)[1]
+
+
+def _unsettled(statuses: list[dict[str, Any]], lags: dict[str, int], workers: int) -> str:
+    """What keeps the pipeline from counting as drained (the inverse of ``_calm``)."""
+    out = [f"{k} lag {v}" for k, v in lags.items() if v != 0]
+    if len(statuses) < workers:
+        out.append(f"{len(statuses)} of {workers} status files")
+    for st in statuses:
+        g = st.get("gauges", {})
+        busy = {k: g[k] for k in ("inflight", "queued", "held_partitions") if g.get(k)}
+        if busy or st.get("idle_s", 0) < IDLE_S:
+            out.append(f"{st.get('worker')} idle {st.get('idle_s')}s {busy}")
+    return "; ".join(out) or "calm, but not for long enough"
+
+
+def _fetch_load(statuses: list[dict[str, Any]]) -> int:
+    """In-flight + queued jobs over every fetch worker, from their status files."""
+    total = 0
+    for st in statuses:
+        if st.get("stage") == "fetch":
+            g = st.get("gauges", {})
+            total += int(g.get("inflight", 0)) + int(g.get("queued", 0))
+    return total
+
+
+def _wait_for_store(settings: Settings, timeout_s: float = 60.0) -> None:
+    """Wait until the store process serves queries, so reads never open chDB here."""
+    port_file = settings.clickhouse_path / PORT_FILE
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            port = int(port_file.read_text())
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return
+        time.sleep(0.5)
+    raise InfraError(f"the store process did not serve queries within {timeout_s:g}s")
+
+
+def committed_duplicates(settings: Settings, topic: str, partitions: int,
+                         timeout_s: float = 120.0) -> tuple[int, int]:
+    """(records, duplicates) committed in ``topic``: each key seen more than once counts.
+
+    Read ``read_committed`` from the beginning to the last stable offset, exactly what a
+    downstream consumer sees; aborted records (a killed worker's open transaction) are not.
+    """
+    consumer = Consumer({**settings.kafka_common(), "group.id": f"{settings.topic_prefix}audit",
+                         "enable.auto.commit": False, "isolation.level": "read_committed",
+                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    counts: collections.Counter[bytes] = collections.Counter()
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        pending = set(range(partitions))
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise InfraError(f"could not read {topic} to its end within {timeout_s:g}s")
+            for msg in consumer.consume(1000, 0.5):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(msg.partition())
+                    continue
+                key = msg.key()
+                counts[key.encode() if isinstance(key, str) else (key or b"")] += 1
+    finally:
+        consumer.close()
+    return sum(counts.values()), sum(n - 1 for n in counts.values() if n > 1)
+
+
+# --- output -----------------------------------------------------------------------------
+
+
+def print_report(report: ChaosReport, console: Console) -> None:
+    t = Table(title=f"chaos: {report.pages} pages, {report.nodes} Kafka node(s), "
+                    f"{report.fetch_workers} fetch + {report.parse_workers} parse workers",
+              show_header=False)
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    by_stage = ", ".join(f"{s} {n}" for s, n in sorted(report.kills_by_stage.items()))
+    rows: list[tuple[str, str]] = [
+        ("pages expected", str(report.pages_expected)),
+        ("pages stored (FINAL)", str(report.pages_stored)),
+        ("distinct URLs stored", str(report.distinct_urls)),
+        ("raw rows (before FINAL)", str(report.raw_rows)),
+        ("lost", _mark(report.lost == 0, str(report.lost))),
+        ("stored duplicates", _mark(report.stored_duplicates == 0,
+                                    str(report.stored_duplicates))),
+        ("  FINAL - distinct", str(report.final_duplicates)),
+        ("  committed repeats in crawl.parsed",
+         f"{report.committed_duplicates} of {report.parsed_records} records"),
+        ("unexpected pages stored", str(report.unexpected_pages)),
+        ("stored with a wrong status", str(report.wrong_status)),
+        ("dead letters", str(report.dead_lettered)),
+        *((f"  dead: {r}", str(n)) for r, n in report.dead_by_reason.items()),
+        ("page requests / distinct pages",
+         f"{report.page_requests} / {report.distinct_requested}"),
+        ("fetch over-apply ratio", _mark(report.within_bound,
+                                         f"{report.over_apply_ratio:.4f}")),
+        ("  bound: 1 + fetch in flight at kills / pages", f"{report.over_apply_bound:.4f}"),
+        ("  victims' in-flight + queued at kills", str(report.inflight_at_kills)),
+        ("robots.txt requests", str(report.robots_requests)),
+        ("worker kills (SIGKILL)", f"{len(report.kills)} ({by_stage})"),
+        ("worker restarts", str(report.restarts)),
+    ]
+    for b in report.broker_kills:
+        back = f"restarted at {b.restarted_at_s:.1f}s" if b.restarted_at_s is not None \
+            else f"not restarted: {b.error}"
+        rows.append((f"broker {b.node} SIGKILL at {b.at_s:.1f}s", back))
+    rows += [
+        ("crawl seconds (seeds → drained)", f"{report.crawl_seconds:.1f}"),
+        ("drain seconds (last chaos → drained)", f"{report.drain_seconds:.1f}"),
+        ("seconds (wall, incl. infra)", f"{report.seconds:.1f}"),
+        ("drained", _mark(report.drained, "yes" if report.drained else "no")),
+        ("ok", _mark(report.ok, "yes" if report.ok else "NO")),
+    ]
+    for what, value in rows:
+        t.add_row(what, value)
+    console.print(t)
+    if report.lost_sample:
+        console.print("lost, e.g.: " + ", ".join(report.lost_sample))
+    for note in report.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    if not report.kills:
+        return
+    kt = Table(title="kills", show_header=True)
+    for col in ("at s", "worker", "pid", "in flight", "queued", "fetch in flight+queued"):
+        kt.add_column(col, justify="right")
+    for k in report.kills:
+        kt.add_row(f"{k.at_s:.1f}", k.worker, str(k.pid), str(k.inflight), str(k.queued),
+                   str(k.fetch_exposure) if k.stage == "fetch" else "-")
+    console.print(kt)
+
+
+
+def _mark(good: bool, text: str) -> str:
+    return f"[green]{text}[/green]" if good else f"[red]{text}[/red]"
+
+
+def report_dict(report: ChaosReport) -> dict[str, Any]:
+    data = asdict(report)
+    data.update(ok=report.ok, within_bound=report.within_bound,
+                kills_by_stage=report.kills_by_stage)
+    return data
+
+
+def write_json(report: ChaosReport, path: Path) -> None:
+    path.write_text(json.dumps(report_dict(report), indent=2) + "\n")

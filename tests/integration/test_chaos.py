@@ -1,0 +1,68 @@
+"""The chaos proof, short: crawl a local site while SIGKILLing workers (and a broker).
+
+Each test starts its own Kafka (1 node on 41092, or 3 nodes on 41192) under ``tmp_path``,
+serves the generated bench site, runs every stage as its own process and kills them at
+random (seeded) while the crawl runs; ``run_chaos`` stops every process it started, even
+when it fails. The referees are the site's own request counter and the store read back
+through the store process, plus the raw ``crawl.parsed`` topic read ``read_committed``.
+
+A low per-target rate cap keeps the short crawls long enough for several kills (and for a
+broker to go down and come back) while work is in flight.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from crawlfleet.chaos import ChaosReport, print_report, run_chaos
+
+pytestmark = pytest.mark.integration
+
+RATE_CAP = 5.0  # requests/s per host: 8 hosts → a crawl of tens of seconds
+
+
+def _console() -> Console:
+    return Console(stderr=True, width=120, force_terminal=False)
+
+
+def _assert_exactly_once(report: ChaosReport) -> None:
+    print_report(report, _console())  # shown by pytest when an assertion below fails
+    assert report.drained, f"did not drain: {report.notes}"
+    assert report.lost == 0, f"lost {report.lost} pages, e.g. {report.lost_sample}"
+    assert report.final_duplicates == 0, "FINAL left duplicate URLs in the store"
+    assert report.committed_duplicates == 0, (
+        f"{report.committed_duplicates} duplicate committed records in crawl.parsed "
+        f"({report.parsed_records} records for {report.pages_expected} pages)")
+    assert report.stored_duplicates == 0
+    assert report.pages_stored == report.distinct_urls == report.pages_expected
+    assert report.unexpected_pages == 0 and report.wrong_status == 0
+    assert set(report.dead_by_reason) <= {"robots_disallowed"}, report.dead_by_reason
+    # Kills make some work be redone (what was in flight), never more than that.
+    assert report.over_apply_ratio >= 1.0
+    assert report.over_apply_ratio <= report.over_apply_bound, (
+        f"over-apply {report.over_apply_ratio} above its bound {report.over_apply_bound}")
+    assert report.ok
+
+
+def test_worker_kills_lose_and_duplicate_nothing(tmp_path: Path) -> None:
+    report = run_chaos(pages=800, nodes=1, fetch_workers=2, parse_workers=2, kill_every_s=2.0,
+                       seed=7, data_dir=tmp_path, timeout_s=150, console=_console(),
+                       rate_cap=RATE_CAP)
+    _assert_exactly_once(report)
+    assert len(report.kills) >= 4
+    assert {"fetch", "parse", "store"} <= set(report.kills_by_stage), report.kills_by_stage
+    assert report.restarts >= len(report.kills)  # every victim came back under its own id
+
+
+def test_broker_crash_and_worker_kills_on_three_nodes(tmp_path: Path) -> None:
+    report = run_chaos(pages=600, nodes=3, fetch_workers=2, parse_workers=2, kill_every_s=6.0,
+                       seed=11, data_dir=tmp_path, timeout_s=240, console=_console(),
+                       rate_cap=RATE_CAP)
+    _assert_exactly_once(report)
+    assert len(report.broker_kills) == 1
+    broker = report.broker_kills[0]
+    assert not broker.error and broker.restarted_at_s is not None, broker
+    assert len(report.kills) >= 3
