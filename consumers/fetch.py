@@ -37,7 +37,6 @@ from consumers.runtime import (
     Output,
     StatusFile,
     StopFlag,
-    TxnAbortedError,
     TxnCommitter,
     consumer_conf,
     offset_of,
@@ -50,7 +49,13 @@ from consumers.seen import DEAD, DONE, RETRYING, SeenStore
 from consumers.windows import parse_windows, seconds_until_open
 from crawlfleet import __version__
 from crawlfleet.config import Settings
-from crawlfleet.errors import CrawlfleetError, DecodeError, InvalidURLError, RobotsDisallowedError
+from crawlfleet.errors import (
+    CrawlfleetError,
+    DecodeError,
+    InvalidURLError,
+    KafkaStageError,
+    RobotsDisallowedError,
+)
 from crawlfleet.urls import canonicalize, dedupe_key
 from schemas.topics import RETRY_DELAYS_S
 
@@ -90,7 +95,7 @@ class FetchStage:
         while not self.stop.requested:
             try:
                 asyncio.run(self._session())
-            except (FencedError, TxnAbortedError) as exc:
+            except (FencedError, KafkaStageError) as exc:
                 log.warning("fetch %s lost its transaction, rejoining: %s", self.worker, exc)
                 self.status.add("fenced")
         self.status.remove()
@@ -132,6 +137,7 @@ class _Session:
         self.loop = asyncio.get_running_loop()
         self.tasks: set[asyncio.Task[None]] = set()
         self.consumer: Consumer | None = None
+        self.broken: CrawlfleetError | None = None  # set by a rebalance callback
         self.control: ControlReader | None = None
         self.robots_interval: dict[str, float] = {}
         self.ctl_paused = False
@@ -154,7 +160,7 @@ class _Session:
         self.consumer = Consumer(consumer_conf(self.s, group, self.st.worker))
         self.consumer.subscribe([self.st.topology.frontier_high, self.st.topology.frontier],
                                 on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                on_lost=self._on_revoke)
+                                on_lost=self._on_lost)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         parts = sorted({p.partition for p in partitions})
@@ -191,15 +197,30 @@ class _Session:
             self.members_stale = False
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        revoked = [(p.topic, p.partition) for p in partitions]
+        with self.lock:  # work finishing from now on is the next owner's to redo
+            for tp in revoked:
+                self.epochs[tp] = self.epochs.get(tp, 0) + 1
         try:
             self._commit()  # hand over finished work before the partitions move
         except CrawlfleetError as exc:
-            log.warning("commit on revoke failed (work will be redone): %s", exc)
+            # Our state is no longer known to match the broker's: rebuild the session.
+            self.broken = exc
+        self._forget(revoked)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Partitions already gone (session timed out): drop the work, commit nothing."""
+        revoked = [(p.topic, p.partition) for p in partitions]
         with self.lock:
-            for p in partitions:
-                tp = (p.topic, p.partition)
-                self.trackers.pop(tp, None)
+            for tp in revoked:
                 self.epochs[tp] = self.epochs.get(tp, 0) + 1
+        self.broken = FencedError("partitions lost: membership expired")
+        self._forget(revoked)
+
+    def _forget(self, revoked: list[TP]) -> None:
+        with self.lock:
+            for tp in revoked:
+                self.trackers.pop(tp, None)
             owned = {tp[1] for tp in self.trackers}
         for part in self.seen.partitions() - owned:
             self.seen.drop(part)
@@ -215,11 +236,19 @@ class _Session:
                     tracker.advance_to(pos.offset)
             outputs, self.completed = self.completed, []
             self.committing_seen, self.pending_seen = self.pending_seen, {}
-            points = {tp: t.commit_point() for tp, t in self.trackers.items()}
+            points = {tp: (t.safe_point() if outputs else t.commit_point())
+                      for tp, t in self.trackers.items()}
         offsets = [TopicPartition(t, p, o) for (t, p), o in points.items() if o is not None]
         if not outputs and not offsets:
             return
-        self.committer.commit(self.consumer, outputs, offsets)
+        if outputs and not offsets:
+            self.committing_seen = {}
+            return  # we own nothing any more: these outputs are not ours to commit
+        try:
+            self.committer.commit(self.consumer, outputs, offsets)
+        except CrawlfleetError:
+            self.committing_seen = {}  # never committed: must not count as seen
+            raise
         self.seen.put_many((p, k, st, a) for (p, k), (st, a) in self.committing_seen.items())
         with self.lock:
             self.committing_seen = {}
@@ -300,6 +329,8 @@ class _Session:
         last_commit = time.monotonic()
         while not self.st.stop.requested:
             msgs = await self._kafka(self._poll, 0.05 if self.running else 0.2)
+            if self.broken is not None:
+                raise self.broken
             if msgs:
                 self._admit(msgs)
             now = time.monotonic()

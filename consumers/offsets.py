@@ -46,5 +46,14 @@ class OffsetTracker:
             return None
         return point
 
+    def safe_point(self) -> int | None:
+        """Offset safe to commit now, even if unchanged (None before the first record).
+
+        Sent with every transaction that carries outputs from this partition, so the
+        broker checks this worker still owns it (a transaction without offsets is not
+        checked against the group, and a zombie's outputs would be committed).
+        """
+        return self._inflight[0] if self._inflight else self._next
+
     def committed(self, offset: int) -> None:
         self._committed = offset
