@@ -160,3 +160,22 @@ def test_fleet_wide_cap_is_split_among_live_fetch_workers(
     rate = (len(times) - 1) / (times[-1] - times[0])
     # Shares follow owned partitions; targets need not spread evenly over them.
     assert rate >= 0.6 * fleet_cap, f"the cap should be used, not just respected: {rate:.1f}/s"
+
+
+def test_bulk_tier_keeps_its_share_while_the_high_tier_is_busy(
+        settings: Settings, site_port: int, fleet_factory: Callable[..., Fleet]) -> None:
+    import json
+
+    spec = bench_spec(site_port, pages=160, hosts=1, page_bytes=1500)
+    urls = sorted(spec.expected())
+    bulk, high = urls[:80], urls[80:160]
+    s = settings.replace(rate_cap=10.0, max_depth=0)  # seeds only: tiers stay as published
+    with DemoSite(spec) as site:
+        fleet_factory(s, Plan())
+        publish([*bulk, *(json.dumps({"url": u, "priority": 1}) for u in high)], s)
+        _wait(lambda: _pages_requested(site, set(urls)) >= 60, 120, "60 page requests")
+        _, log = site.snapshot()
+    order = [f"http://{h}:{site_port}{p}" for _, h, p in log if p != "/robots.txt"][:50]
+    from_bulk = sum(1 for u in order if u in set(bulk))
+    # Both tiers are full for the first 50 requests: high gets ~80%, bulk keeps ~20%.
+    assert 8 <= from_bulk <= 14, from_bulk
