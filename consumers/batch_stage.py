@@ -57,6 +57,7 @@ class BatchStage(ABC):
         self.status = StatusFile(settings.status_dir, self.stage, self.worker)
         self._paused_until: dict[tuple[str, int], float] = {}
         self._committed: dict[tuple[str, int], int] = {}
+        self._generation = 0  # bumped by every rebalance callback
 
     @abstractmethod
     def input_topics(self) -> list[str]: ...
@@ -80,11 +81,22 @@ class BatchStage(ABC):
         group = self.topology.group(self.stage)
         committer = TxnCommitter(self.settings, f"{group}-{self.worker}", self.worker)
         consumer = Consumer(consumer_conf(self.settings, group, self.worker))
-        consumer.subscribe(self.input_topics(), on_assign=self._on_assign)
+        consumer.subscribe(self.input_topics(), on_assign=self._on_assign,
+                           on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        self.rolled_back()
         try:
             while not self.stop.requested:
                 self._resume_due(consumer)
-                self._process(consumer, committer, self._gather(consumer))
+                generation = self._generation
+                msgs = self._gather(consumer)
+                if generation != self._generation:
+                    # A rebalance happened while gathering: records of partitions we may
+                    # no longer own must not be committed under the new generation.
+                    self._committed.clear()
+                    self.rolled_back()
+                    rewind(consumer, consumer.assignment())
+                    continue
+                self._process(consumer, committer, msgs)
                 self.status.write()
         finally:
             consumer.close()  # leaves the group now, not after the session timeout
@@ -107,10 +119,18 @@ class BatchStage(ABC):
             msgs.extend(more)
         return msgs
 
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._generation += 1
+
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._generation += 1
         self._committed.clear()
         self._paused_until = {k: v for k, v in self._paused_until.items()
                               if any((p.topic, p.partition) == k for p in partitions)}
+
+    def rolled_back(self) -> None:
+        """Hook: in-memory state derived from uncommitted work must be forgotten."""
+        return
 
     def begin_batch(self) -> None:
         """Hook: called before each batch, when all earlier outputs are committed."""
@@ -161,6 +181,7 @@ class BatchStage(ABC):
         except TxnAbortedError as exc:
             log.warning("%s transaction aborted, rewinding: %s", self.stage, exc)
             self._committed.clear()
+            self.rolled_back()
             rewind(consumer, consumer.assignment())
 
     def _hold(self, consumer: Consumer, msg: Message, wait_s: float) -> None:

@@ -127,7 +127,7 @@ class _Session:
         # Dedupe key -> (partition, epoch) of the job holding it. A holder from an older
         # epoch (its partition was revoked, maybe re-assigned) does not count: the
         # redelivered copy must run, or the job would be lost.
-        self.inflight: dict[str, tuple[TP, int]] = {}
+        self.inflight: dict[str, tuple[TP, int, int]] = {}
         self.robots: dict[str, RobotsRules] = {}
         self.robots_expiry: dict[str, float] = {}
         self.robots_pending: dict[str, asyncio.Future[RobotsRules]] = {}
@@ -377,12 +377,13 @@ class _Session:
                 self.status.add("skipped_seen")
                 self._finish(pj, [], None)
                 continue
-            self.inflight[pj.key] = (pj.tp, pj.epoch)
+            self.inflight[pj.key] = (pj.tp, pj.epoch, pj.offset)
             self.sched.push(job["target"], pj, now, tier=job.get("priority", 0))
         self.wake.set()
 
     def _release(self, pj: Pending) -> None:
-        if self.inflight.get(pj.key) == (pj.tp, pj.epoch):
+        """Only the job holding the key releases it (a skipped repeat must not)."""
+        if self.inflight.get(pj.key) == (pj.tp, pj.epoch, pj.offset):
             del self.inflight[pj.key]
 
     def _is_duplicate(self, pj: Pending) -> bool:

@@ -53,6 +53,10 @@ class ParseStage(BatchStage):
     def begin_batch(self) -> None:
         self._gate.refresh()
 
+    def rolled_back(self) -> None:
+        # Links remembered from an aborted batch were never published: forget them all.
+        self._recent = RecentSet()
+
     def handle(self, msg: Message) -> list[Output]:
         if self._gate.over():  # fetching is behind: pause this input, do not sleep
             self.status.add("backpressure_holds")

@@ -62,6 +62,8 @@ KILL_UNTIL_PROGRESS = 0.9
 #: the victim's session expiring (session timeout) plus its replacement starting and joining.
 EXPOSURE_WINDOW_S = 12.0
 TICK_S = 0.5
+CHAOS_CRAWL_S = 60.0
+MIN_RATE_CAP, MAX_RATE_CAP = 2.0, 500.0
 
 
 @dataclass
@@ -97,6 +99,7 @@ class ChaosReport:
     parse_workers: int
     kill_every_s: float
     seed: int
+    rate_cap: float  # requests/s per host
     topic_prefix: str
     pages_expected: int
     pages_stored: int  # count() FROM pages FINAL
@@ -143,9 +146,14 @@ class ChaosReport:
 
 def run_chaos(pages: int, nodes: int, fetch_workers: int, parse_workers: int,
               kill_every_s: float, seed: int, data_dir: Path | None, timeout_s: float,
-              console: Console, *, rate_cap: float = 500.0,
+              console: Console, *, rate_cap: float | None = None,
               partitions: int = 12) -> ChaosReport:
-    """Crawl ``pages`` local pages under worker kills (and a broker kill with 3 nodes)."""
+    """Crawl ``pages`` local pages under worker kills (and a broker kill with 3 nodes).
+
+    ``rate_cap`` (requests/s per host) defaults to a pace that makes the crawl last about
+    :data:`CHAOS_CRAWL_S` (or a dozen kill intervals): unpaced, a CPU-bound crawl of a few
+    thousand local pages is over after a handful of kills.
+    """
     if nodes not in BASE_PORT:
         raise InfraError(f"nodes must be 1 or 3, not {nodes}")
     if kill_every_s <= 0:
@@ -171,7 +179,8 @@ def run_chaos(pages: int, nodes: int, fetch_workers: int, parse_workers: int,
         settings = Settings(
             bootstrap_servers=bootstrap, data_dir=root / "runs" / prefix.rstrip("."),
             topic_prefix=prefix, partitions=partitions, replication=3 if nodes == 3 else 1,
-            allow_private=True, scope="seeds", rate_cap=rate_cap, session_timeout_ms=6000)
+            allow_private=True, scope="seeds", session_timeout_ms=6000,
+            rate_cap=rate_cap or paced_rate_cap(pages, kill_every_s))
         settings = settings.replace(allowed_targets=_seed_targets(seeds, settings))
         with DemoSite(spec) as site:
             return _Run(settings, spec.expected(), seeds, site, kafka_home,
@@ -186,6 +195,12 @@ def run_chaos(pages: int, nodes: int, fetch_workers: int, parse_workers: int,
                 os.environ.pop(kafka_local.JARS_ENV, None)
             if temp:
                 shutil.rmtree(root, ignore_errors=True)
+
+
+def paced_rate_cap(pages: int, kill_every_s: float) -> float:
+    """Per-host cap under which ``pages`` take about max(CHAOS_CRAWL_S, 12 kills)."""
+    seconds = max(CHAOS_CRAWL_S, 12 * kill_every_s)
+    return min(MAX_RATE_CAP, max(MIN_RATE_CAP, pages / (SITE_HOSTS * seconds)))
 
 
 def _bindable(port: int) -> bool:
@@ -284,8 +299,8 @@ class _Run:
                 raise InfraError(f"seed errors: {report.errors[:3]}")
             self.t0 = time.monotonic()
             self.console.print(f"crawling {len(self.expected)} pages on {SITE_HOSTS} hosts "
-                               f"(topics {self.s.topic_prefix}*), a kill every "
-                               f"{self.kill_every_s:g}s")
+                               f"at {self.s.rate_cap:g} req/s per host (topics "
+                               f"{self.s.topic_prefix}*), a kill every {self.kill_every_s:g}s")
             drained, calm_at, last_chaos = self._loop()
             crawl_s = calm_at - self.t0
             drain_s = calm_at - last_chaos if drained else 0.0
@@ -341,7 +356,7 @@ class _Run:
                     (self.bounce is not None or self.s.replication == 1)
                 if now - last_print >= 5.0:
                     last_print = now
-                    waiting = f"  draining: {self.unsettled[:160]}" \
+                    waiting = f"  draining: {self.unsettled[:100]}" \
                         if quiet and self.unsettled else ""
                     self.console.print(f"{now - self.t0:6.1f}s  requested {progress:6.1%}  "
                                        f"kills {len(self.kills)}  restarts "
@@ -450,7 +465,8 @@ class _Run:
         return ChaosReport(
             pages=self.shape["pages"], nodes=self.shape["nodes"],
             fetch_workers=self.plan.fetch_workers, parse_workers=self.plan.parse_workers,
-            kill_every_s=self.kill_every_s, seed=self.seed, topic_prefix=self.s.topic_prefix,
+            kill_every_s=self.kill_every_s, seed=self.seed, rate_cap=self.s.rate_cap,
+            topic_prefix=self.s.topic_prefix,
             pages_expected=len(self.expected), pages_stored=pages_stored,
             distinct_urls=distinct, raw_rows=raw_rows, dead_lettered=sum(dead.values()),
             dead_by_reason=dead, lost=len(lost), lost_sample=lost[:10],
@@ -551,6 +567,7 @@ def print_report(report: ChaosReport, console: Console) -> None:
     by_stage = ", ".join(f"{s} {n}" for s, n in sorted(report.kills_by_stage.items()))
     rows: list[tuple[str, str]] = [
         ("pages expected", str(report.pages_expected)),
+        ("rate cap per host (req/s)", f"{report.rate_cap:g}"),
         ("pages stored (FINAL)", str(report.pages_stored)),
         ("distinct URLs stored", str(report.distinct_urls)),
         ("raw rows (before FINAL)", str(report.raw_rows)),
