@@ -168,7 +168,10 @@ class TxnCommitter:
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        self.producer.flush(5)
+        try:
+            self.producer.flush(5)
+        except KafkaException as exc:  # a fenced producer has nothing left worth flushing
+            log.info("producer %s closed after: %s", self.transactional_id, exc)
 
 
 def _classify(exc: KafkaException) -> CrawlfleetError:

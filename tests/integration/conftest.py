@@ -55,4 +55,5 @@ def settings(kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 @pytest.fixture
 def site_port() -> int:
-    return free_port(("127.0.0.2", "127.0.0.3", "127.0.0.4"), 18600)
+    # Every loopback host a test may serve on (sites use up to 8 hosts, .2-.9).
+    return free_port(tuple(f"127.0.0.{i}" for i in range(2, 10)), 18600)

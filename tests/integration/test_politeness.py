@@ -43,6 +43,7 @@ class Blocker:
         self.host, self.port, self.pages = host, port, 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
+        self._runner: web.AppRunner | None = None
 
     async def _handle(self, request: web.Request) -> web.Response:
         if request.path == "/robots.txt":
@@ -54,7 +55,7 @@ class Blocker:
         async def start() -> None:
             app = web.Application()
             app.router.add_route("GET", "/{tail:.*}", self._handle)
-            runner = web.AppRunner(app, access_log=None)
+            runner = self._runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             await web.TCPSite(runner, self.host, self.port).start()
             self._ready.set()
@@ -68,6 +69,8 @@ class Blocker:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._runner is not None:  # release the port for the next test
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
 
 
