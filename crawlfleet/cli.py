@@ -247,28 +247,29 @@ def _control_settings(config: Path | None, bootstrap: str | None,
                              False)
 
 
+def _toggle(paused: bool, target: str | None, config: Path | None, bootstrap: str | None,
+            topic_prefix: str | None) -> None:
+    from producers import control
+    send = control.pause if paused else control.resume
+    try:
+        send(_control_settings(config, bootstrap, topic_prefix), target)
+    except CrawlfleetError as exc:
+        _fail(exc)
+    console.print(f"{'paused' if paused else 'resumed'} {target or 'the whole fleet'}")
+
+
 @app.command("pause")
 def pause_cmd(target: TargetOpt = None, config: ConfigOpt = None,
               bootstrap: BootstrapOpt = None, topic_prefix: PrefixOpt = None) -> None:
     """Stop every fetch worker from dequeuing (globally or for one target); nothing is lost."""
-    from producers import control
-    try:
-        control.pause(_control_settings(config, bootstrap, topic_prefix), target)
-    except CrawlfleetError as exc:
-        _fail(exc)
-    console.print(f"paused {target or 'the whole fleet'}")
+    _toggle(True, target, config, bootstrap, topic_prefix)
 
 
 @app.command("resume")
 def resume_cmd(target: TargetOpt = None, config: ConfigOpt = None,
                bootstrap: BootstrapOpt = None, topic_prefix: PrefixOpt = None) -> None:
     """Undo `crawlfleet pause` (globally or for one target)."""
-    from producers import control
-    try:
-        control.resume(_control_settings(config, bootstrap, topic_prefix), target)
-    except CrawlfleetError as exc:
-        _fail(exc)
-    console.print(f"resumed {target or 'the whole fleet'}")
+    _toggle(False, target, config, bootstrap, topic_prefix)
 
 
 @app.command("cap")
