@@ -8,6 +8,7 @@ stable: lower-case scheme and host, IDNA host, no default port, no fragment, sor
 from __future__ import annotations
 
 import ipaddress
+from functools import lru_cache
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
 from w3lib.url import canonicalize_url
@@ -20,8 +21,20 @@ MAX_URL_LENGTH = 4096
 
 
 def canonicalize(url: str) -> str:
-    """Return the canonical form of an absolute http(s) URL, or raise InvalidURLError."""
+    """Return the canonical form of an absolute http(s) URL, or raise InvalidURLError.
+
+    Pure, so memoised: a crawl meets the same link on many pages (site navigation), and
+    w3lib's canonicalisation is the parse stage's largest cost. Only URLs up to
+    ``_CACHED_URL_LENGTH`` are cached, which bounds the cache's memory (~30 MB).
+    """
     url = url.strip()
+    return _canonicalize_cached(url) if len(url) <= _CACHED_URL_LENGTH else _canonicalize(url)
+
+
+_CACHED_URL_LENGTH = 256
+
+
+def _canonicalize(url: str) -> str:
     if not url:
         raise InvalidURLError("empty URL")
     if len(url) > MAX_URL_LENGTH:
@@ -48,6 +61,10 @@ def canonicalize(url: str) -> str:
     return canonicalize_url(rebuilt, keep_fragments=False)
 
 
+_canonicalize_cached = lru_cache(maxsize=1 << 16)(_canonicalize)
+
+
+@lru_cache(maxsize=4096)
 def _is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
@@ -67,7 +84,20 @@ def target_of(url: str, mode: str = "host") -> str:
     ``domain`` mode approximates the registrable domain by the last two labels (three when
     the second-level label is a common public suffix like ``co.uk``); IP hosts stay whole.
     """
-    host = host_of(url)
+    if len(url) <= _CACHED_URL_LENGTH:
+        return _target_of_cached(url, mode)
+    return _target_of_host(host_of(url), mode)
+
+
+def _target_of(url: str, mode: str) -> str:
+    return _target_of_host(host_of(url), mode)
+
+
+_target_of_cached = lru_cache(maxsize=1 << 16)(_target_of)
+
+
+@lru_cache(maxsize=4096)
+def _target_of_host(host: str, mode: str) -> str:
     if mode == "host" or _is_ip(host):
         return host
     labels = host.split(".")
@@ -81,14 +111,33 @@ _SECOND_LEVEL_SUFFIXES = frozenset({"co", "com", "net", "org", "ac", "gov", "edu
 
 
 def resolve_link(base: str, href: str) -> str | None:
-    """Absolute canonical URL of ``href`` found on ``base``, or None if not crawlable."""
+    """Absolute canonical URL of ``href`` found on ``base``, or None if not crawlable.
+
+    Site-absolute (``/path``) and absolute (``http://...``) hrefs resolve the same way on
+    every page of an origin, so those are memoised by (origin, href); a page's navigation
+    links then cost one cache lookup each.
+    """
     href = href.strip()
     if not href or href.startswith(("#", "javascript:", "mailto:", "tel:", "data:")):
         return None
+    if len(href) <= _CACHED_URL_LENGTH:
+        if href[0] == "/" and href[1:2] != "/":
+            slash = base.find("/", base.find("//") + 2) if "//" in base else -1
+            if slash > 0:
+                return _resolve_cached(base[:slash], href)
+        elif href.startswith(("http://", "https://")):
+            return _resolve_cached("", href)
+    return _resolve(base, href)
+
+
+def _resolve(base: str, href: str) -> str | None:
     try:
         return canonicalize(urljoin(base, href))
     except (InvalidURLError, ValueError):  # urljoin raises ValueError on a bad IPv6 literal
         return None
+
+
+_resolve_cached = lru_cache(maxsize=1 << 16)(_resolve)
 
 
 def check_address(ip: str, allow_private: bool) -> None:

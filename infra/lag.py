@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from concurrent.futures import Future
+
+from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    OffsetSpec,  # type: ignore[attr-defined]  # not in its __all__
+)
 
 from crawlfleet.config import Settings
 
 
 class LagProbe:
-    """Reads committed offsets and high watermarks; one client reused across calls."""
+    """Reads committed offsets and end offsets; clients reused across calls.
+
+    End offsets of every partition are asked in one ListOffsets request per broker (not one
+    request per partition): the progress view and the frontier gate probe often, and the
+    broker shares its cores with the stages.
+    """
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._consumers: dict[str, Consumer] = {}
+        self._admin: AdminClient | None = None
 
     def lag(self, group: str, topics: list[str], partitions: int) -> int:
         """Records not yet committed by ``group`` (transaction markers count as one each)."""
@@ -24,19 +36,38 @@ class LagProbe:
         tps = [TopicPartition(t, p) for t in topics for p in range(partitions)]
         try:
             committed = c.committed(tps, timeout=10)
+            high = self._offsets({(tp.topic, tp.partition) for tp in tps}, OffsetSpec.latest())  # type: ignore[no-untyped-call]
+            # A group that never committed starts from the earliest offset still kept.
+            unset = {(tp.topic, tp.partition) for tp in committed if tp.offset < 0}
+            low = self._offsets(unset, OffsetSpec.earliest()) if unset else {}  # type: ignore[no-untyped-call]
         except KafkaException:
             return -1
         total = 0
         for tp in committed:
-            try:
-                low, high = c.get_watermark_offsets(tp, timeout=10, cached=False)
-            except KafkaException:
+            key = (tp.topic, tp.partition)
+            if key not in high:
                 continue
-            start = tp.offset if tp.offset >= 0 else low
-            total += max(0, high - start)
+            start = tp.offset if tp.offset >= 0 else low.get(key, 0)
+            total += max(0, high[key] - start)
         return total
+
+    def _offsets(self, tps: set[tuple[str, int]], spec: OffsetSpec) -> dict[tuple[str, int], int]:
+        """Offsets of ``tps`` by ``spec`` (high watermark for latest), batched per broker."""
+        if self._admin is None:
+            self._admin = AdminClient(self._settings.kafka_common())
+        futures: dict[TopicPartition, Future[object]] = self._admin.list_offsets(
+            {TopicPartition(t, p): spec for t, p in tps},
+            isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=10)
+        out: dict[tuple[str, int], int] = {}
+        for tp, fut in futures.items():
+            try:
+                out[(tp.topic, tp.partition)] = int(fut.result().offset)  # type: ignore[attr-defined]
+            except KafkaException:
+                continue  # partition not (yet) known: left out, as before
+        return out
 
     def close(self) -> None:
         for c in self._consumers.values():
             c.close()
         self._consumers.clear()
+        self._admin = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urljoin
+
 import pytest
 
 from crawlfleet.errors import ForbiddenAddressError, InvalidURLError
@@ -165,6 +167,39 @@ def test_resolve_link(href: str, resolved: str) -> None:
 )
 def test_resolve_link_not_crawlable(href: str) -> None:
     assert resolve_link(BASE, href) is None
+
+
+_BASES = [
+    "https://example.com/dir/page.html?x=1",
+    "http://user:pw@example.com:8080/a/b/c",
+    "http://127.0.0.2:18500/p/12.html",
+    "http://[::1]:8080/x/",
+    "https://example.com/",
+]
+_HREFS = [
+    "/abs", "/a/../b/./c", "/p?b=2&a=1#f", "/%7Euser/caf%C3%A9", "/ space",
+    "https://Other.COM/p?b=1&a=2#frag", "http://example.com:80/x", "HTTP://EXAMPLE.com/",
+    "https://[::1]:443/", "rel/x.html", "?only=query", "//proto.relative/x", "/",
+]
+
+
+@pytest.mark.parametrize("base", _BASES)
+def test_memoised_resolution_equals_urljoin_then_canonicalize(base: str) -> None:
+    # Site-absolute and absolute hrefs are cached by origin: the cache must never change
+    # an answer, whichever page of the origin asked first.
+    for href in _HREFS:
+        try:
+            expected: str | None = canonicalize(urljoin(base, href))
+        except InvalidURLError:
+            expected = None
+        assert resolve_link(base, href) == expected, href
+        assert resolve_link(base, href) == expected, f"{href} (cached)"
+
+
+def test_site_absolute_href_is_resolved_against_each_pages_own_origin() -> None:
+    assert resolve_link("http://a.example/x/y", "/z") == "http://a.example/z"
+    assert resolve_link("http://b.example/x/y", "/z") == "http://b.example/z"
+    assert resolve_link("https://a.example/x/y", "/z") == "https://a.example/z"
 
 
 # --- check_address ------------------------------------------------------------------------
