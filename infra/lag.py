@@ -5,10 +5,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
-from confluent_kafka.admin import (
-    AdminClient,
-    OffsetSpec,  # type: ignore[attr-defined]  # not in its __all__
-)
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from crawlfleet.config import Settings
 
