@@ -279,7 +279,10 @@ class SeenStore:
             self.open(p)
         conf = {**settings.kafka_common(), "group.id": "crawlfleet-seen-restore",
                 "enable.auto.commit": False, "isolation.level": "read_committed",
-                "enable.partition.eof": True, "auto.offset.reset": "earliest"}
+                "enable.partition.eof": True, "auto.offset.reset": "earliest",
+                # End-of-partition is only seen when a fetch returns: do not let the broker
+                # hold an empty fetch open for the default 500 ms.
+                "fetch.wait.max.ms": 10}
         consumer = Consumer(conf)
         n = 0
         try:
@@ -290,7 +293,7 @@ class SeenStore:
             while pending and time.monotonic() < deadline:
                 batches: dict[int, WriteBatch] = {}
                 nexts: dict[int, int] = {}
-                for msg in consumer.consume(1000, 0.5):
+                for msg in consumer.consume(1000, 0.1):
                     part = tp_of(msg)[1]
                     err = msg.error()
                     if err is not None:
