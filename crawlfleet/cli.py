@@ -210,6 +210,9 @@ def crawl_cmd(seeds: Annotated[str, typer.Argument(help="File of seed URLs / JSO
               fetch_workers: Annotated[int, typer.Option()] = 1,
               parse_workers: Annotated[int, typer.Option()] = 1,
               timeout: Annotated[float | None, typer.Option(help="Give up after seconds.")] = None,
+              keep_topics: Annotated[bool, typer.Option(
+                  "--keep-topics", help="Keep this run's own Kafka topics after it drained "
+                  "(they are deleted by default when no --topic-prefix is given).")] = False,
               summary_json: Annotated[Path | None, typer.Option(
                   help="Also write the summary as JSON here.")] = None) -> None:
     """Crawl from SEEDS with every stage as its own process; stop when drained."""
@@ -221,7 +224,8 @@ def crawl_cmd(seeds: Annotated[str, typer.Argument(help="File of seed URLs / JSO
         plan = crawl.Plan(fetch_workers=fetch_workers, parse_workers=parse_workers)
         lines = sys.stdin.readlines() if seeds == "-" else \
             Path(seeds).read_text(encoding="utf-8", errors="replace").splitlines()
-        summary = crawl.run_crawl(s, lines, plan, console=err_console, timeout_s=timeout)
+        summary = crawl.run_crawl(s, lines, plan, console=err_console, timeout_s=timeout,
+                                  keep_topics=keep_topics)
     except OSError as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc

@@ -28,7 +28,7 @@ from crawlfleet.errors import InfraError
 from infra import kafka_local
 from infra.clickhouse import run_query
 from infra.lag import LagProbe
-from infra.topics import create_topics
+from infra.topics import create_topics, delete_topics
 from producers.frontier import PublishReport, jobs_from_lines, publish
 
 STAGES = ("fetch", "parse", "store", "retry")
@@ -63,6 +63,7 @@ class Summary:
     crawl_pages_per_s: float
     drained: bool
     restarts: int = 0
+    topics_deleted: int = 0  # this run's own topics, deleted once it drained
     statuses: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -141,14 +142,22 @@ def resolve_bootstrap(settings: Settings, start_local: bool) -> Settings:
 
 
 def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
-              console: Console | None = None, timeout_s: float | None = None) -> Summary:
-    """Crawl from ``seeds`` until the pipeline drains (or ``timeout_s``); return a summary."""
+              console: Console | None = None, timeout_s: float | None = None,
+              keep_topics: bool = False) -> Summary:
+    """Crawl from ``seeds`` until the pipeline drains (or ``timeout_s``); return a summary.
+
+    Without a configured topic prefix the crawl gets its own (``c<unix time>.``); once it
+    has drained, those topics and groups are deleted (unless ``keep_topics``): the results
+    are in ClickHouse, and nothing can resume a finished one-off crawl. A crawl that did
+    not drain keeps them, so it can be resumed with ``--topic-prefix``.
+    """
     console = console or Console(stderr=True)
     settings = resolve_bootstrap(settings, start_local=True)
     seeds = list(seeds)
     if settings.scope == "seeds" and not settings.allowed_targets:
         settings = settings.replace(allowed_targets=_seed_targets(seeds, settings))
-    if not settings.topic_prefix:
+    ephemeral = not settings.topic_prefix
+    if ephemeral:
         settings = settings.replace(topic_prefix=f"c{int(time.time())}.")
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     create_topics(settings)
@@ -166,6 +175,11 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
         summary = _summarise(settings, report, start_wall, elapsed, drained, fleet)
     finally:
         fleet.stop()
+    if ephemeral and drained and not keep_topics:
+        try:
+            summary.topics_deleted = len(delete_topics(settings))
+        except InfraError as exc:
+            console.print(f"[yellow]topics of {settings.topic_prefix} not deleted: {exc}")
     return summary
 
 
@@ -268,7 +282,9 @@ def print_summary(summary: Summary, console: Console) -> None:
     t = Table(title="crawl summary", show_header=False)
     t.add_column("what")
     t.add_column("value", justify="right")
-    t.add_row("topic prefix", summary.topic_prefix)
+    t.add_row("topic prefix", summary.topic_prefix + (
+        f" ({summary.topics_deleted} topics deleted after the crawl)"
+        if summary.topics_deleted else ""))
     t.add_row("seeds published", str(summary.seeds_published))
     t.add_row("bad seed lines", str(summary.seed_errors))
     t.add_row("pages stored", str(summary.pages_stored))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from confluent_kafka import KafkaError, KafkaException
 
 # confluent-kafka 2.16's typed admin package re-exports NewTopic without marking it public.
@@ -10,6 +12,8 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from consumers.runtime import topology_of
 from crawlfleet.config import Settings
 from crawlfleet.errors import InfraError
+
+log = logging.getLogger("crawlfleet.topics")
 
 
 def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]:
@@ -35,3 +39,37 @@ def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]
                 raise InfraError(f"cannot create topic {name}: {err.str()}") from exc
             result[name] = "exists"
     return result
+
+
+def delete_topics(settings: Settings, stages: tuple[str, ...] = ("fetch", "parse", "store",
+                                                                  "retry"),
+                  timeout_s: float = 30.0) -> list[str]:
+    """Delete every topic of the topology and its stages' consumer groups (best effort).
+
+    For the all-in-one crawl's own per-run prefix: its results live in ClickHouse, and a
+    broker that keeps every finished crawl's partitions gets slower with each one.
+    Returns the topics deleted.
+    """
+    admin = AdminClient(settings.kafka_common())
+    topo = topology_of(settings)
+    # No list_topics filter: a broker's metadata view can lag a creation it just confirmed.
+    names = [s.name for s in topo.specs()]
+    deleted = []
+    try:
+        futures = admin.delete_topics(names, operation_timeout=timeout_s)
+    except KafkaException as exc:
+        raise InfraError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
+    for name, fut in futures.items():
+        try:
+            fut.result()
+            deleted.append(name)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                log.warning("topic %s not deleted: %s", name, exc)
+    groups = [topo.group(stage) for stage in stages]
+    for group, fut in admin.delete_consumer_groups(groups, request_timeout=timeout_s).items():
+        try:
+            fut.result()
+        except KafkaException as exc:  # never created, or still has members
+            log.debug("group %s not deleted: %s", group, exc)
+    return deleted

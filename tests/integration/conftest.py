@@ -8,6 +8,7 @@ nothing is skipped: if the broker cannot start, the tests fail and say why.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -16,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from crawlfleet.config import Settings, load_settings
+from crawlfleet.errors import InfraError
 from infra import kafka_local
 from infra.demo_site import free_port
+from infra.topics import delete_topics
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_PORT = 39092
@@ -44,13 +47,21 @@ def kafka_bootstrap() -> Iterator[str]:
 
 
 @pytest.fixture
-def settings(kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    """Settings for one test: its own topics, groups and chDB store."""
+def settings(kafka_bootstrap: str, tmp_path: Path,
+             monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
+    """Settings for one test: its own topics, groups and chDB store.
+
+    The topics are deleted afterwards, so the session's broker does not slow down as the
+    suite piles up partitions.
+    """
     for key in [k for k in os.environ if k.startswith("CRAWLFLEET_")]:
         monkeypatch.delenv(key)
-    return load_settings(bootstrap_servers=kafka_bootstrap, data_dir=tmp_path / "data",
-                         topic_prefix=f"t{uuid.uuid4().hex[:10]}.", allow_private=True,
-                         partitions=4, rate_cap=20.0)
+    s = load_settings(bootstrap_servers=kafka_bootstrap, data_dir=tmp_path / "data",
+                      topic_prefix=f"t{uuid.uuid4().hex[:10]}.", allow_private=True,
+                      partitions=4, rate_cap=20.0)
+    yield s
+    with contextlib.suppress(InfraError):  # the broker went away with the test: nothing to tidy
+        delete_topics(s, timeout_s=10)
 
 
 @pytest.fixture
