@@ -21,6 +21,7 @@ from consumers.runtime import (
     StopFlag,
     TxnAbortedError,
     TxnCommitter,
+    consume_ready,
     consumer_conf,
     offset_of,
     raw_value,
@@ -103,21 +104,13 @@ class BatchStage(ABC):
             committer.close()
 
     def _gather(self, consumer: Consumer) -> list[Message]:
-        """One batch: wait up to 0.2 s for a first record, then up to 50 ms to fill it.
+        """One batch: wait up to 0.2 s for a first record, then take what is already fetched.
 
-        Fewer, fuller transactions: each commit costs broker round trips.
+        Batches size themselves: under load, records pile up while the previous batch is
+        processed and committed, so transactions get fuller exactly when commits would
+        otherwise cost the most; when lightly loaded, nothing waits for a batch to fill.
         """
-        msgs: list[Message] = consumer.consume(self.batch_size, 0.2)
-        deadline = time.monotonic() + 0.05
-        while msgs and len(msgs) < self.batch_size:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            more = consumer.consume(self.batch_size - len(msgs), left)
-            if not more:
-                break
-            msgs.extend(more)
-        return msgs
+        return consume_ready(consumer, self.batch_size, 0.2)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._generation += 1

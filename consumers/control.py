@@ -14,7 +14,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-from consumers.runtime import raw_value
+from consumers.runtime import consume_ready, raw_value
 from crawlfleet.config import Settings
 from crawlfleet.errors import DecodeError
 from schemas.codec import Codec, HeadersIn
@@ -76,7 +76,7 @@ class ControlReader:
     def poll(self, timeout: float = 0.0) -> bool:
         """Apply any new control records; True if the state changed."""
         before = self.state.version
-        for msg in self._consumer.consume(100, timeout):
+        for msg in consume_ready(self._consumer, 100, timeout):
             err = msg.error()
             if err is not None:
                 if err.code() != KafkaError._PARTITION_EOF:

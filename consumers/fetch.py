@@ -38,6 +38,7 @@ from consumers.runtime import (
     StatusFile,
     StopFlag,
     TxnCommitter,
+    consume_ready,
     consumer_conf,
     offset_of,
     topology_of,
@@ -286,8 +287,7 @@ class _Session:
         self.paused, self.ctl_paused = full, self.control.state.paused
         if changed:
             self.loop.call_soon_threadsafe(self._apply_control)
-        msgs: list[Message] = self.consumer.consume(500, timeout)
-        return msgs
+        return consume_ready(self.consumer, 500, timeout)
 
     def _apply_control(self) -> None:
         """Loop thread: re-derive target holds and intervals from the control state."""
@@ -338,7 +338,8 @@ class _Session:
     async def _main_loop(self) -> None:
         last_commit = time.monotonic()
         while not self.st.stop.requested:
-            msgs = await self._kafka(self._poll, 0.05 if self.running else 0.2)
+            busy = self.running or self.completed  # results waiting for their commit
+            msgs = await self._kafka(self._poll, 0.05 if busy else 0.2)
             if self.broken is not None:
                 raise self.broken
             if msgs:

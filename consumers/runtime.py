@@ -187,6 +187,22 @@ def _classify(exc: KafkaException) -> CrawlfleetError:
     return KafkaStageError(f"kafka error: {err.str()}")
 
 
+def consume_ready(consumer: Consumer, max_n: int, timeout: float) -> list[Message]:
+    """Up to ``max_n`` records: wait up to ``timeout`` for the first, then take only what is
+    already fetched.
+
+    ``Consumer.consume(n, timeout)`` returns only when it has ``n`` records or the timeout
+    has passed, so a lightly loaded stage would sit out the whole timeout on every call and
+    add it to every hop of the crawl.
+    """
+    first = consumer.poll(timeout)
+    if first is None:
+        return []
+    if max_n <= 1:
+        return [first]
+    return [first, *consumer.consume(max_n - 1, 0)]
+
+
 def rewind(consumer: Consumer, partitions: list[TopicPartition]) -> None:
     """Seek ``partitions`` back to their committed offsets (after an aborted transaction)."""
     if not partitions:

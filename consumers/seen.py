@@ -51,7 +51,7 @@ from rocksdict import (
     WriteOptions,
 )
 
-from consumers.runtime import raw_value, tp_of
+from consumers.runtime import consume_ready, raw_value, tp_of
 from crawlfleet.config import Settings
 from crawlfleet.errors import DecodeError, InfraError
 from schemas.codec import Codec, HeadersIn
@@ -293,7 +293,7 @@ class SeenStore:
             while pending and time.monotonic() < deadline:
                 batches: dict[int, WriteBatch] = {}
                 nexts: dict[int, int] = {}
-                for msg in consumer.consume(1000, 0.1):
+                for msg in consume_ready(consumer, 1000, 0.1):
                     part = tp_of(msg)[1]
                     err = msg.error()
                     if err is not None:

@@ -20,6 +20,7 @@ from consumers import faults
 from consumers.runtime import (
     StatusFile,
     StopFlag,
+    consume_ready,
     consumer_conf,
     offset_of,
     raw_value,
@@ -65,6 +66,9 @@ def dead_row(event_id: str, d: dict[str, Any]) -> tuple[Any, ...]:
             d["worker"], d["version"], raw.hex()[:4096] if raw else "")
 
 
+_QUIET_S = 0.05  # no new record for this long: write the batch now
+
+
 class StoreStage:
     stage = "store"
 
@@ -102,21 +106,30 @@ class StoreStage:
             self.status.remove()
 
     def _collect(self, consumer: Consumer) -> list[Message]:
+        """Records for one insert: at most ``store_batch_rows``, gathered for at most
+        ``store_batch_wait_s`` after the first one, and cut short when the input goes quiet
+        (then nothing more is coming soon and waiting would only delay the results)."""
         batch: list[Message] = []
-        deadline = time.monotonic() + self.s.store_batch_wait_s
-        while len(batch) < self.s.store_batch_rows and not self.stop.requested:
-            left = deadline - time.monotonic()
-            if left <= 0:
+        rows = self.s.store_batch_rows
+        deadline: float | None = None
+        while len(batch) < rows and not self.stop.requested:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
                 break
-            for msg in consumer.consume(min(1000, self.s.store_batch_rows - len(batch)),
-                                        min(left, 0.2)):
+            timeout = 0.2 if deadline is None else min(deadline - now, _QUIET_S)
+            got = False
+            for msg in consume_ready(consumer, min(1000, rows - len(batch)), timeout):
                 err = msg.error()
                 if err is None:
                     batch.append(msg)
+                    got = True
                 elif err.code() != KafkaError._PARTITION_EOF:
                     log.warning("store consume error: %s", err)
-            if not batch:
-                deadline = time.monotonic() + self.s.store_batch_wait_s
+            if got and deadline is None:
+                deadline = now + self.s.store_batch_wait_s
+            elif not got:
+                if batch:
+                    break
                 self.status.write()
         return batch
 

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import ConsumerGroupState, KafkaException
+from confluent_kafka.admin import AdminClient
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -167,6 +169,7 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
     fleet.start()
     drained = False
     try:
+        wait_ready(settings, fleet)
         report = publish(seeds, settings)
         for line, reason in report.errors:
             console.print(f"[yellow]seed line {line}: {reason}")
@@ -181,6 +184,34 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
         except InfraError as exc:
             console.print(f"[yellow]topics of {settings.topic_prefix} not deleted: {exc}")
     return summary
+
+
+def wait_ready(settings: Settings, fleet: Fleet, timeout_s: float = 60.0) -> bool:
+    """Block until every stage's group is stable with all its planned members.
+
+    Seeds published earlier would be fetched while the parse group is still forming, and
+    the crawl's first hops would wait on its rebalance. False after ``timeout_s`` (the crawl
+    then goes on regardless: a late member only joins late).
+    """
+    topo = topology_of(settings)
+    want = {topo.group(stage): n for stage, n in fleet.plan.counts().items() if n}
+    admin = AdminClient(settings.kafka_common())
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        fleet.heal()
+        ready = True
+        for group, fut in admin.describe_consumer_groups(list(want), request_timeout=5).items():
+            try:
+                desc = fut.result()
+            except KafkaException:
+                ready = False
+                continue
+            if desc.state != ConsumerGroupState.STABLE or len(desc.members) < want[group]:
+                ready = False
+        if ready:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def _seed_targets(lines: list[str], settings: Settings) -> tuple[str, ...]:
