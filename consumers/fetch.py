@@ -338,7 +338,9 @@ class _Session:
     async def _main_loop(self) -> None:
         last_commit = time.monotonic()
         while not self.st.stop.requested:
-            busy = self.running or self.completed  # results waiting for their commit
+            # Jobs queued, in flight or finished but uncommitted: look again soon, so results
+            # are committed (handed on) as soon as the last of them is done.
+            busy = self.running or self.completed or len(self.sched)
             msgs = await self._kafka(self._poll, 0.05 if busy else 0.2)
             if self.broken is not None:
                 raise self.broken
