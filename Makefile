@@ -8,11 +8,11 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
 .PHONY: sysdeps setup demo test lint bench clean-cache
 
-# System tools: Java + Maven run the local Kafka; faketime runs the clock-skew fault test.
+# System tools: Java + Maven run the local Kafka.
 sysdeps:
-	@command -v java >/dev/null && command -v mvn >/dev/null && command -v faketime >/dev/null || \
-	  (echo "installing Java, Maven and faketime (apt-get)"; apt-get update -qq && \
-	   apt-get install -y -qq openjdk-17-jre-headless maven faketime >/dev/null)
+	@command -v java >/dev/null && command -v mvn >/dev/null || \
+	  (echo "installing Java and Maven (apt-get)"; apt-get update -qq && \
+	   apt-get install -y -qq openjdk-17-jre-headless maven >/dev/null)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)

@@ -318,6 +318,12 @@ def _server_properties(home: Path, cluster: _Cluster, node_id: int) -> str:
         "transaction.state.log.min.isr": min_isr,
         "share.coordinator.state.topic.replication.factor": rf,
         "share.coordinator.state.topic.min.isr": min_isr,
+        # A local broker shares a laptop's (or CI's two) cores with every stage: few
+        # threads, and internal topics sized for one machine (coordinators load faster).
+        "num.network.threads": 2,
+        "num.io.threads": 4,
+        "offsets.topic.num.partitions": 8,
+        "transaction.state.log.num.partitions": 8,
     }
     props.update(_quorum_props(cluster))
     lines = ["# Written by infra/kafka_local.py on every start; edits are overwritten."]
