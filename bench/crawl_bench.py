@@ -101,35 +101,46 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
-def _proc_memory(pid: int) -> tuple[str, int, int] | None:
-    """(command name, RSS bytes, PSS bytes) of ``pid``, or None if it has gone."""
+def _proc_rss(pid: int) -> tuple[str, int] | None:
+    """(command name, RSS bytes) of ``pid``, or None if it has gone (cheap: statm)."""
     try:
         name = Path(f"/proc/{pid}/comm").read_text().strip()
         rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE_SIZE
-        pss = rss
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                pss = int(line.split()[1]) * 1024
-                break
-        return name, rss, pss
+        return name, rss
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _proc_pss(pid: int) -> int:
+    """PSS bytes of ``pid`` (0 if gone). Costly: the kernel walks the page tables."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 class TreeMemorySampler:
     """Samples a process tree's summed RSS every ``interval`` s and keeps the peak.
 
     crawlfleet spawns stage processes, so the parent's own peak would understate it; summed
-    RSS counts pages shared between processes once per process (an upper bound), so the
-    summed PSS peak is kept too.
+    RSS counts pages shared between processes once per process (an upper bound), so a summed
+    PSS peak is kept too. The sampler runs beside the crawl it measures, so it keeps its own
+    cost small (a few ms per second): the tree is re-read once a second, and PSS (a page
+    table walk per process) only on every ``pss_every``-th sample.
     """
 
-    def __init__(self, root_pid: int, interval: float = 0.2) -> None:
+    def __init__(self, root_pid: int, interval: float = 0.2, pss_every: int = 5) -> None:
         self.root_pid = root_pid
         self.interval = interval
+        self.pss_every = pss_every
         self.peak_rss = 0
         self.peak_pss = 0
         self.peak_breakdown: dict[str, int] = {}
+        self._pids: list[int] = []
+        self._samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
 
@@ -141,16 +152,21 @@ class TreeMemorySampler:
         self._thread.join()
 
     def sample(self) -> None:
+        if self._samples % max(1, int(1.0 / self.interval)) == 0:
+            self._pids = _descendants(self.root_pid)
+        with_pss = self._samples % self.pss_every == 0
+        self._samples += 1
         rss = pss = 0
         by_name: dict[str, int] = {}
-        for pid in _descendants(self.root_pid):
-            mem = _proc_memory(pid)
+        for pid in self._pids:
+            mem = _proc_rss(pid)
             if mem is None:
                 continue
-            name, r, p = mem
+            name, r = mem
             rss += r
-            pss += p
             by_name[name] = by_name.get(name, 0) + r
+            if with_pss:
+                pss += _proc_pss(pid)
         if rss > self.peak_rss:
             self.peak_rss = rss
             self.peak_breakdown = by_name
