@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -38,7 +39,33 @@ def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]
             if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise InfraError(f"cannot create topic {name}: {err.str()}") from exc
             result[name] = "exists"
+    _await_leaders(admin, {s.name: s.partitions for s in specs}, timeout_s)
     return result
+
+
+def _await_leaders(admin: AdminClient, partitions: dict[str, int], timeout_s: float) -> None:
+    """Wait until the brokers' metadata shows every partition with a leader.
+
+    A creation is confirmed by the controller before every broker's metadata has it; clients
+    that start at once would see unknown topics or leaderless partitions and back off for
+    up to a second before their first fetch.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            topics = admin.list_topics(timeout=max(1.0, deadline - time.monotonic())).topics
+        except KafkaException:
+            topics = {}
+        missing = [name for name, n in partitions.items()
+                   if name not in topics or topics[name].error is not None
+                   or len(topics[name].partitions) < n
+                   or any(p.leader < 0 for p in topics[name].partitions.values())]
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            raise InfraError(f"topics without leaders after {timeout_s:.0f} s: "
+                             f"{', '.join(sorted(missing))}")
+        time.sleep(0.05)
 
 
 def delete_topics(settings: Settings, stages: tuple[str, ...] = ("fetch", "parse", "store",
