@@ -196,9 +196,16 @@ def crawlfleet_command(override: str | None) -> list[str] | None:
 
 
 def run_crawlfleet(
-    command: list[str], spec: SiteSpec, extra_args: list[str], timeout: float
+    command: list[str],
+    spec: SiteSpec,
+    extra_args: list[str],
+    timeout: float,
+    concurrency: int | None = None,
 ) -> tuple[PeerResult, TreeMemorySampler]:
-    """Run ``crawlfleet crawl`` on the site's seeds; its summary JSON gives pages and time."""
+    """Run ``crawlfleet crawl`` on the site's seeds; its summary JSON gives pages and time.
+
+    ``concurrency`` caps the fetch stage's requests in flight, as the peers' is capped.
+    """
     with tempfile.TemporaryDirectory(prefix="bench-crawlfleet-") as tmp:
         seeds = Path(tmp, "seeds.txt")
         seeds.write_text("\n".join(spec.seeds()) + "\n")
@@ -220,6 +227,8 @@ def run_crawlfleet(
         ]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        if concurrency is not None:
+            env["CRAWLFLEET_MAX_INFLIGHT"] = str(concurrency)
         started = time.perf_counter()
         # Its own session, so a timeout can end the whole tree it started, and only that.
         proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, start_new_session=True)
@@ -362,7 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         plan.append(
             (
                 "crawlfleet",
-                lambda: run_crawlfleet(cmd, spec, list(args.crawlfleet_arg), args.timeout),
+                lambda: run_crawlfleet(
+                    cmd, spec, list(args.crawlfleet_arg), args.timeout, args.concurrency
+                ),
             )
         )
 
@@ -375,7 +386,9 @@ def main(argv: list[str] | None = None) -> int:
             warm = _with_fresh_site(
                 wspec,
                 len(wspec.expected()),
-                lambda: run_crawlfleet(command, wspec, list(args.crawlfleet_arg), args.timeout),
+                lambda: run_crawlfleet(
+                    command, wspec, list(args.crawlfleet_arg), args.timeout, args.concurrency
+                ),
             )
             console.print(f"  warm-up: {warm.result.pages_per_s:,.0f} pages/s")
         except RuntimeError as exc:
