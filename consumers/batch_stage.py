@@ -52,7 +52,7 @@ class BatchStage(ABC):
                  stop: StopFlag | None = None) -> None:
         self.settings = settings
         self.topology = topology_of(settings)
-        self.worker = worker_name(self.stage, worker_id)
+        self.worker = worker_name(self.stage, worker_id, settings.data_dir / "workers")
         self.stop = stop if stop is not None else StopFlag()
         self.encoder = Encoder(self.topology, self.worker)
         self.status = StatusFile(settings.status_dir, self.stage, self.worker)

@@ -8,6 +8,7 @@ no worker's local clock ever decides who owns a partition.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -69,8 +70,43 @@ def topology_of(settings: Settings) -> Topology:
                     seen_retention_ms=int(settings.seen_ttl_s * 1000))
 
 
-def worker_name(stage: str, worker_id: str | None) -> str:
-    return worker_id or f"{socket.gethostname()}-{stage}-{os.getpid()}"
+def worker_name(stage: str, worker_id: str | None, slot_dir: Path | None = None) -> str:
+    """The worker's id: the given one, else ``<host>-<stage>-<n>`` for the lowest free slot n.
+
+    The id is the worker's transactional id and names its local state (the seen store), so a
+    worker restarted without ``--worker-id`` should get its former id back -- fencing its old
+    self at once and reopening its old store -- while two live workers must never share one.
+    A slot is an flock on ``slot_dir/<stage>-<n>.lock``, released by the kernel when its
+    holder dies. Without ``slot_dir`` the pid makes the id unique (not stable).
+    """
+    if worker_id:
+        return worker_id
+    host = socket.gethostname()
+    if slot_dir is None:
+        return f"{host}-{stage}-{os.getpid()}"
+    slot_dir.mkdir(parents=True, exist_ok=True)
+    for n in range(_MAX_SLOTS):
+        fd = os.open(slot_dir / f"{stage}-{n}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        name = f"{host}-{stage}-{n}"
+        _SLOTS[name] = fd  # held for the life of the process
+        return name
+    return f"{host}-{stage}-{os.getpid()}"
+
+
+def release_worker_name(name: str) -> None:
+    """Give a slot back before the process ends (tests; a process's exit does it anyway)."""
+    fd = _SLOTS.pop(name, None)
+    if fd is not None:
+        os.close(fd)
+
+
+_MAX_SLOTS = 256
+_SLOTS: dict[str, int] = {}
 
 
 def consumer_conf(settings: Settings, group: str, client_id: str) -> dict[str, Any]:

@@ -76,7 +76,7 @@ class StoreStage:
                  stop: StopFlag | None = None) -> None:
         self.s = settings
         self.topology = topology_of(settings)
-        self.worker = worker_name(self.stage, worker_id)
+        self.worker = worker_name(self.stage, worker_id, settings.data_dir / "workers")
         self.stop = stop if stop is not None else StopFlag()
         self.codec = default_codec()
         self.status = StatusFile(settings.status_dir, self.stage, self.worker)
