@@ -52,12 +52,34 @@ class PeerResult:
 # -- parent side -----------------------------------------------------------------------------------
 
 
+def scrapy_speed_settings(concurrency: int, obey_robots: bool = True) -> dict[str, Any]:
+    """Stock Scrapy but for what the throughput comparison must pin down."""
+    return {
+        "ROBOTSTXT_OBEY": obey_robots,
+        "CONCURRENT_REQUESTS": concurrency,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": concurrency,
+        "DOWNLOAD_DELAY": 0,
+        "AUTOTHROTTLE_ENABLED": False,
+    }
+
+
 def run_scrapy(
-    seeds: list[str], allowed_hosts: list[str], concurrency: int, obey_robots: bool = True
+    seeds: Sequence[str],
+    allowed_hosts: Sequence[str],
+    concurrency: int,
+    obey_robots: bool = True,
+    *,
+    settings: dict[str, Any] | None = None,
+    name: str = "scrapy",
+    timeout: float = 3600.0,
 ) -> PeerResult:
-    """Crawl with a Scrapy CrawlSpider in a subprocess; see :func:`_scrapy_crawl`."""
-    extra = [] if obey_robots else ["--ignore-robots"]
-    return _run_child("scrapy", seeds, allowed_hosts, concurrency, extra)
+    """Crawl with the Scrapy CrawlSpider in a subprocess; see :func:`_scrapy_crawl`.
+
+    ``settings`` replace :func:`scrapy_speed_settings` (e.g. the polite benchmark's).
+    """
+    chosen = settings if settings is not None else scrapy_speed_settings(concurrency, obey_robots)
+    extra = ["--settings-json", json.dumps(chosen), "--name", name]
+    return _run_child("scrapy", seeds, allowed_hosts, concurrency, extra, timeout)
 
 
 def run_bare_aiohttp(seeds: list[str], allowed_hosts: list[str], concurrency: int) -> PeerResult:
@@ -127,9 +149,9 @@ def _run_child(
 
 
 def _scrapy_crawl(
-    seeds: list[str], allowed_hosts: list[str], concurrency: int, obey_robots: bool
+    seeds: list[str], allowed_hosts: list[str], settings: dict[str, Any], name: str
 ) -> dict[str, Any]:
-    """A CrawlSpider with stock settings except those the comparison must pin down."""
+    """A CrawlSpider as a Scrapy user writes it, under ``settings`` (+ the fixed ones below)."""
     from scrapy import signals
     from scrapy.crawler import CrawlerProcess
     from scrapy.http import Request, Response
@@ -165,12 +187,8 @@ def _scrapy_crawl(
 
     process = CrawlerProcess(
         settings={
-            "ROBOTSTXT_OBEY": obey_robots,
+            **settings,
             "USER_AGENT": USER_AGENT,
-            "CONCURRENT_REQUESTS": concurrency,
-            "CONCURRENT_REQUESTS_PER_DOMAIN": concurrency,
-            "DOWNLOAD_DELAY": 0,
-            "AUTOTHROTTLE_ENABLED": False,
             "HTTPCACHE_ENABLED": False,
             "HTTPERROR_ALLOW_ALL": True,  # count 404s as pages, as the other peers do
             "LOG_LEVEL": "ERROR",
@@ -200,7 +218,7 @@ def _scrapy_crawl(
     if os.environ.get("BENCH_DEBUG"):
         print({k: v for k, v in stats.items() if "exception" in k or "retry" in k}, file=sys.stderr)
     return {
-        "name": "scrapy",
+        "name": name,
         "pages": sum(statuses.values()),
         "seconds": clock.get("end", 0.0) - clock.get("start", 0.0),
         "errors": errors,
@@ -312,13 +330,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds-file", type=Path, required=True)
     parser.add_argument("--allowed-hosts", required=True, help="comma-separated host names/IPs")
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--ignore-robots", action="store_true")
+    parser.add_argument("--settings-json", help="Scrapy settings (JSON object)")
+    parser.add_argument("--name", default="scrapy", help="name reported for this peer")
     parser.add_argument("--out", type=Path, help="write the result JSON here, else stdout")
     args = parser.parse_args(argv)
     seeds = [s.strip() for s in args.seeds_file.read_text().splitlines() if s.strip()]
     hosts = [h for h in args.allowed_hosts.split(",") if h]
     if args.kind == "scrapy":
-        result = _scrapy_crawl(seeds, hosts, args.concurrency, not args.ignore_robots)
+        settings = (
+            json.loads(args.settings_json)
+            if args.settings_json
+            else scrapy_speed_settings(args.concurrency)
+        )
+        result = _scrapy_crawl(seeds, hosts, settings, args.name)
     else:
         result = _bare_crawl(seeds, hosts, args.concurrency)
     result["self_peak_rss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

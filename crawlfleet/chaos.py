@@ -49,7 +49,10 @@ from infra.lag import LagProbe
 from infra.topics import create_topics
 from producers.frontier import PublishReport, jobs_from_lines, publish
 
-BASE_PORT = {1: 41092, 3: 41192}
+# Below Linux's ephemeral range (32768-60999): a client reconnecting to a killed broker's port
+# can be handed that very port as its own source port (a self-connect) and hold it, so the
+# broker could not bind it again on restart.
+BASE_PORT = {1: 21092, 3: 21192}
 SITE_HOSTS = 8
 BROKER_VICTIM = 2
 BROKER_DOWN_S = 10.0

@@ -1,6 +1,6 @@
 """Fixtures for tests against the real local Kafka broker and the real chDB engine.
 
-One single-node broker serves the whole session on a port of its own (39092), with its own
+One single-node broker serves the whole session on a port of its own (28092), with its own
 home under ``.crawlfleet/test-kafka``; each test isolates itself with a unique topic prefix
 (topics and consumer groups) and a temporary data dir (chDB store). Nothing is mocked and
 nothing is skipped: if the broker cannot start, the tests fail and say why.
@@ -23,7 +23,7 @@ from infra.demo_site import free_port
 from infra.topics import delete_topics
 
 REPO = Path(__file__).resolve().parents[2]
-TEST_PORT = 39092
+TEST_PORT = 28092  # below the ephemeral port range, like every broker port here
 
 
 @pytest.fixture(scope="session")
