@@ -1,6 +1,6 @@
 """The chaos proof, short: crawl a local site while SIGKILLing workers (and a broker).
 
-Each test starts its own Kafka (1 node on 41092, or 3 nodes on 41192) under ``tmp_path``,
+Each test starts its own Kafka (1 node on 21092, or 3 nodes on 21192) under ``tmp_path``,
 serves the generated bench site, runs every stage as its own process and kills them at
 random (seeded) while the crawl runs; ``run_chaos`` stops every process it started, even
 when it fails. The referees are the site's own request counter and the store read back
