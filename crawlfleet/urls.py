@@ -84,20 +84,12 @@ def target_of(url: str, mode: str = "host") -> str:
     ``domain`` mode approximates the registrable domain by the last two labels (three when
     the second-level label is a common public suffix like ``co.uk``); IP hosts stay whole.
     """
-    if len(url) <= _CACHED_URL_LENGTH:
-        return _target_of_cached(url, mode)
-    return _target_of_host(host_of(url), mode)
+    return _target_of_cached(url, mode) if len(url) <= _CACHED_URL_LENGTH \
+        else _target_of(url, mode)
 
 
 def _target_of(url: str, mode: str) -> str:
-    return _target_of_host(host_of(url), mode)
-
-
-_target_of_cached = lru_cache(maxsize=1 << 16)(_target_of)
-
-
-@lru_cache(maxsize=4096)
-def _target_of_host(host: str, mode: str) -> str:
+    host = host_of(url)
     if mode == "host" or _is_ip(host):
         return host
     labels = host.split(".")
@@ -105,6 +97,9 @@ def _target_of_host(host: str, mode: str) -> str:
         return host
     keep = 3 if labels[-2] in _SECOND_LEVEL_SUFFIXES and len(labels[-1]) == 2 else 2
     return ".".join(labels[-keep:])
+
+
+_target_of_cached = lru_cache(maxsize=1 << 16)(_target_of)
 
 
 _SECOND_LEVEL_SUFFIXES = frozenset({"co", "com", "net", "org", "ac", "gov", "edu", "ne", "or"})
