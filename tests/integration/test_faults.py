@@ -42,7 +42,7 @@ from fleet_helpers import (
 from consumers.runtime import topology_of
 from crawlfleet.config import Settings
 from infra.demo_site import DemoSite, bench_spec, demo_spec, free_port
-from schemas.topics import HEADER_SCHEMA, partition_for
+from schemas.topics import HEADER_SCHEMA, Topology, partition_for
 
 pytestmark = pytest.mark.integration
 
@@ -128,6 +128,13 @@ def _hosts_in_partitions(partitions: list[int], count: int, taken: list[str]) ->
     return out
 
 
+def _provisioned(s: Settings,
+                 fleet: Callable[[Settings], Workers]) -> tuple[Topology, Workers, float]:
+    """Topics created for ``s``, a worker fleet for it, and the time the test's crawl starts."""
+    create_all_topics(s)
+    return topology_of(s), fleet(s), time.monotonic()
+
+
 def test_stolen_lease_zombie_commit_is_fenced(settings: Settings,
                                               fleet: Callable[[Settings], Workers]) -> None:
     """A frozen fetch worker loses its lease; the survivor takes over and commits; the
@@ -151,10 +158,7 @@ def test_stolen_lease_zombie_commit_is_fenced(settings: Settings,
                                  {"/slow.html": SLOW_S}) for ip in slow_ips]
     slow_urls = [site.url("/slow.html") for site in slow_sites]
     expected = {**spec.expected(), **dict.fromkeys(slow_urls, 200)}
-    topo = topology_of(s)
-    create_all_topics(s)
-    ws = fleet(s)
-    started = time.monotonic()
+    topo, ws, started = _provisioned(s, fleet)
     with DemoSite(spec) as site, slow_sites[0], slow_sites[1]:
         ws.start_pipeline(fetch=2)
         wait_until(lambda: len([m for m, tps in group_assignment(s, "fetch").items() if tps])
@@ -244,10 +248,7 @@ def test_rebalance_mid_fetch_loses_nothing(settings: Settings,
                         {"/slow.html": REBALANCE_SLOW_S}) as site:
         slow = site.url("/slow.html")
         s = s0.replace(allowed_targets=[slow_ip])
-        topo = topology_of(s)
-        create_all_topics(s)
-        ws = fleet(s)
-        started = time.monotonic()
+        topo, ws, started = _provisioned(s, fleet)
         ws.start_pipeline(fetch=1)
         publish_seeds(s, [slow])
         wait_until(lambda: site.count("/slow.html") == 1, 60, "the slow fetch to start")
@@ -281,10 +282,7 @@ def test_lost_ack_store_replay_is_suppressed(settings: Settings, site_port: int,
     spec = demo_spec(site_port)
     expected = spec.expected()
     s = settings.replace(rate_cap=5.0)
-    topo = topology_of(s)
-    create_all_topics(s)
-    ws = fleet(s)
-    started = time.monotonic()
+    topo, ws, started = _provisioned(s, fleet)
     with DemoSite(spec):
         ws.start_pipeline(store_0={"CRAWLFLEET_FAULT": "after_insert:2"})
         publish_seeds(s, spec.seeds())
@@ -346,10 +344,7 @@ def test_lost_ack_fetch_commit_is_not_redone(settings: Settings, site_port: int,
     spec = demo_spec(site_port)
     expected = spec.expected()
     s = settings.replace(rate_cap=5.0)
-    topo = topology_of(s)
-    create_all_topics(s)
-    ws = fleet(s)
-    started = time.monotonic()
+    topo, ws, started = _provisioned(s, fleet)
     with DemoSite(spec) as site:
         ws.start_pipeline(fetch_0={"CRAWLFLEET_FAULT": "after_commit:8"})
         publish_seeds(s, spec.seeds())
@@ -413,10 +408,7 @@ def test_overrun_lone_worker_commit_rejected_and_redone(
     slow_site = CountingServer(slow_ip, port, {"/slow.html": (200, body)}, {"/slow.html": SLOW_S})
     slow = slow_site.url("/slow.html")
     expected = {**spec.expected(), slow: 200}
-    topo = topology_of(s)
-    create_all_topics(s)
-    ws = fleet(s)
-    started = time.monotonic()
+    topo, ws, started = _provisioned(s, fleet)
     with DemoSite(spec) as site, slow_site:
         ws.start_pipeline(fetch=1)
         publish_seeds(s, [slow, *spec.seeds()])
@@ -533,10 +525,7 @@ def test_poison_dead_letters_without_looping(settings: Settings,
     port = free_port((POISON_HOST,), 19100)
     ok_body = b"<html><head><title>Fine</title></head><body><p>fine</p></body></html>"
     s = settings.replace(max_attempts=3)
-    topo = topology_of(s)
-    create_all_topics(s)
-    ws = fleet(s)
-    started = time.monotonic()
+    topo, ws, started = _provisioned(s, fleet)
     with CountingServer(POISON_HOST, port, {"/always500.html": (500, b"boom"),
                                             "/ok.html": (200, ok_body)}) as site:
         bad, ok = site.url("/always500.html"), site.url("/ok.html")
