@@ -65,7 +65,7 @@ class Output:
 
 
 def topology_of(settings: Settings) -> Topology:
-    return Topology(prefix=settings.topic_prefix, partitions=settings.partitions,
+    return Topology(prefix=settings.topic_prefix, partitions=settings.topic_partitions,
                     replication=settings.replication,
                     seen_retention_ms=int(settings.seen_ttl_s * 1000))
 

@@ -103,10 +103,11 @@ def topics_create(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
                   replication: Annotated[int | None, typer.Option()] = None) -> None:
     """Create every crawl topic that does not exist yet (idempotent)."""
     from crawlfleet.crawl import resolve_bootstrap
-    from infra.topics import create_topics
+    from infra.topics import adopt_partitions, create_topics
     try:
-        s = resolve_bootstrap(_settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix,
-                                        partitions=partitions, replication=replication), False)
+        s = adopt_partitions(resolve_bootstrap(_settings(
+            config, bootstrap=bootstrap, topic_prefix=topic_prefix, partitions=partitions,
+            replication=replication), False))
         for name, state in sorted(create_topics(s).items()):
             console.print(f"{state:8} {name}")
     except CrawlfleetError as exc:
@@ -122,10 +123,11 @@ def publish_cmd(source: Annotated[str, typer.Argument(help="File of URLs / JSON 
                 topic_prefix: PrefixOpt = None) -> None:
     """Publish seeds to the frontier; bad lines are reported, good ones still go through."""
     from crawlfleet.crawl import resolve_bootstrap
+    from infra.topics import adopt_partitions
     from producers.frontier import publish
     try:
-        s = resolve_bootstrap(_settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix),
-                              False)
+        s = adopt_partitions(resolve_bootstrap(
+            _settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix), False))
         if source == "-":
             report = publish(sys.stdin, s)
         else:
@@ -164,11 +166,12 @@ def worker_cmd(stage: Annotated[str, typer.Argument(help="fetch | parse | store 
     """Run one stage worker until SIGTERM (then leave the group cleanly)."""
     from consumers.runtime import StopFlag
     from crawlfleet.crawl import resolve_bootstrap
+    from infra.topics import adopt_partitions
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        s = resolve_bootstrap(_settings(config, bootstrap=bootstrap, clickhouse=clickhouse,
-                                        data_dir=data_dir, topic_prefix=topic_prefix,
-                                        allow_private=allow_private, rate_cap=rate_cap), False)
+        s = adopt_partitions(resolve_bootstrap(_settings(
+            config, bootstrap=bootstrap, clickhouse=clickhouse, data_dir=data_dir,
+            topic_prefix=topic_prefix, allow_private=allow_private, rate_cap=rate_cap), False))
         stop = StopFlag().install()
         runner = _stage(stage, s, worker_id, stop)
         _tune_gc()

@@ -21,6 +21,8 @@ from crawlfleet import __version__
 from crawlfleet.errors import ConfigError
 
 ENV_PREFIX = "CRAWLFLEET_"
+#: Partitions of shared (long-lived) topics: room for a fleet of up to 12 workers per stage.
+DEFAULT_PARTITIONS = 12
 DEFAULT_USER_AGENT = (f"crawlfleet/{__version__} "
                       "(+https://github.com/crawlfleet/crawlfleet; polite bot)")
 
@@ -74,7 +76,10 @@ class Settings:
     #: Prefix for every topic and consumer-group name (isolates crawls and tests).
     topic_prefix: str = ""
     #: Partition count of every target-partitioned topic (they must match to co-partition).
-    partitions: int = 12
+    #: 0 = automatic: ``DEFAULT_PARTITIONS`` for shared topics (``topics create``, workers,
+    #: ``publish``); a one-off ``crawl`` sizes its own topics to the processes it starts,
+    #: and a resumed one adopts its existing topics' count.
+    partitions: int = 0
     replication: int = 1
     #: Default per-target request rate cap (requests per second).
     rate_cap: float = 2.0
@@ -130,6 +135,11 @@ class Settings:
             raise ConfigError("invalid configuration: " + "; ".join(problems))
 
     @property
+    def topic_partitions(self) -> int:
+        """The partition count in effect: the configured one, else the shared default."""
+        return self.partitions or DEFAULT_PARTITIONS
+
+    @property
     def clickhouse_path(self) -> Path:
         return self.data_dir / "clickhouse"
 
@@ -171,7 +181,9 @@ def _problems(s: Settings) -> list[str]:
         out.append("topic_prefix may only contain letters, digits, '.', '_' and '-'")
     if s.scope not in ("same-target", "seeds", "any"):
         out.append(f"scope must be same-target, seeds or any, not {s.scope!r}")
-    for name in ("partitions", "replication", "max_inflight", "max_buffered", "max_attempts",
+    if s.partitions < 0:
+        out.append("partitions must be >= 1 (or 0 = automatic)")
+    for name in ("replication", "max_inflight", "max_buffered", "max_attempts",
                  "store_batch_rows"):
         if getattr(s, name) < 1:
             out.append(f"{name} must be >= 1")

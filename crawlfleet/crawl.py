@@ -30,10 +30,11 @@ from crawlfleet.errors import InfraError
 from infra import kafka_local
 from infra.clickhouse import run_query
 from infra.lag import LagProbe
-from infra.topics import create_topics, delete_topics
+from infra.topics import adopt_partitions, create_topics, delete_topics
 from producers.frontier import PublishReport, jobs_from_lines, publish
 
 STAGES = ("fetch", "parse", "store", "retry")
+PARTITIONS_PER_WORKER = 4
 IDLE_S = 1.0
 
 
@@ -48,10 +49,20 @@ class Plan:
         return {"fetch": self.fetch_workers, "parse": self.parse_workers,
                 "store": self.store_workers, "retry": self.retry_workers}
 
+    def partitions(self) -> int:
+        """Partitions for topics that only this plan's processes will ever consume.
+
+        A partition is a group's unit of parallelism, and every transaction costs the broker
+        a produce request and a verification per partition it touches; four per worker of
+        the largest stage leave room to rebalance a dead worker's share evenly.
+        """
+        return PARTITIONS_PER_WORKER * max(self.counts().values())
+
 
 @dataclass
 class Summary:
     topic_prefix: str
+    partitions: int
     seeds_published: int
     seed_errors: int
     pages_stored: int
@@ -148,10 +159,11 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
               keep_topics: bool = False) -> Summary:
     """Crawl from ``seeds`` until the pipeline drains (or ``timeout_s``); return a summary.
 
-    Without a configured topic prefix the crawl gets its own (``c<unix time>.``); once it
-    has drained, those topics and groups are deleted (unless ``keep_topics``): the results
-    are in ClickHouse, and nothing can resume a finished one-off crawl. A crawl that did
-    not drain keeps them, so it can be resumed with ``--topic-prefix``.
+    Without a configured topic prefix the crawl gets its own (``c<unix time>.``), sized to
+    ``plan`` unless ``partitions`` is set; once it has drained, those topics and groups are
+    deleted (unless ``keep_topics``): the results are in ClickHouse, and nothing can resume
+    a finished one-off crawl. A crawl that did not drain keeps them, so it can be resumed
+    with ``--topic-prefix`` (which adopts their partition count).
     """
     console = console or Console(stderr=True)
     settings = resolve_bootstrap(settings, start_local=True)
@@ -161,6 +173,9 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
     ephemeral = not settings.topic_prefix
     if ephemeral:
         settings = settings.replace(topic_prefix=f"c{int(time.time())}.")
+    if ephemeral and not settings.partitions:
+        settings = settings.replace(partitions=plan.partitions())
+    settings = adopt_partitions(settings)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     create_topics(settings)
     fleet = Fleet(settings, plan, settings.data_dir / "logs" / settings.topic_prefix.rstrip("."))
@@ -298,7 +313,8 @@ def _summarise(settings: Settings, report: PublishReport, start_wall: float, ela
     _, err_rows = run_query(settings, err_sql)
     dead = {str(r): int(n) for r, n in dead_rows}
     return Summary(
-        topic_prefix=settings.topic_prefix, seeds_published=report.published,
+        topic_prefix=settings.topic_prefix, partitions=settings.topic_partitions,
+        seeds_published=report.published,
         seed_errors=len(report.errors), pages_stored=pages, pages_ok=ok,
         dead_letters=sum(dead.values()), dead_by_reason=dead,
         errors_by_class={str(r): int(n) for r, n in err_rows}, seconds=round(elapsed, 3),
@@ -313,9 +329,9 @@ def print_summary(summary: Summary, console: Console) -> None:
     t = Table(title="crawl summary", show_header=False)
     t.add_column("what")
     t.add_column("value", justify="right")
-    t.add_row("topic prefix", summary.topic_prefix + (
-        f" ({summary.topics_deleted} topics deleted after the crawl)"
-        if summary.topics_deleted else ""))
+    t.add_row("topic prefix", f"{summary.topic_prefix} ({summary.partitions} partitions" + (
+        f", {summary.topics_deleted} topics deleted after the crawl)"
+        if summary.topics_deleted else ")"))
     t.add_row("seeds published", str(summary.seeds_published))
     t.add_row("bad seed lines", str(summary.seed_errors))
     t.add_row("pages stored", str(summary.pages_stored))

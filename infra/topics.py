@@ -11,20 +11,32 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from consumers.runtime import topology_of
-from crawlfleet.config import Settings
+from crawlfleet.config import DEFAULT_PARTITIONS, Settings
 from crawlfleet.errors import InfraError
 
 log = logging.getLogger("crawlfleet.topics")
 
 
 def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]:
-    """Create every missing topic; returns {topic: "created" | "exists"}."""
+    """Create every missing topic; returns {topic: "created" | "exists"}.
+
+    An existing topic with another partition count than the configuration's is refused:
+    producers pick a target's partition from that count, so a mismatch would send a
+    target's jobs to a partition its owner does not hold.
+    """
     admin = AdminClient(settings.kafka_common())
     specs = topology_of(settings).specs()
     try:
-        existing = set(admin.list_topics(timeout=timeout_s).topics)
+        metadata = admin.list_topics(timeout=timeout_s).topics
     except KafkaException as exc:
         raise InfraError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
+    existing = {name for name, t in metadata.items() if t.error is None}
+    for spec in specs:
+        if spec.name in existing and len(metadata[spec.name].partitions) != spec.partitions:
+            have = len(metadata[spec.name].partitions)
+            raise InfraError(f"topic {spec.name} exists with {have} partitions, but this "
+                             f"configuration says {spec.partitions}: set partitions = {have} "
+                             f"(CRAWLFLEET_PARTITIONS={have}) to use these topics")
     result = {s.name: "exists" for s in specs if s.name in existing}
     new = [NewTopic(s.name, num_partitions=s.partitions, replication_factor=s.replication,
                     config=s.config) for s in specs if s.name not in existing]
@@ -41,6 +53,31 @@ def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]
             result[name] = "exists"
     _await_leaders(admin, {s.name: s.partitions for s in specs}, timeout_s)
     return result
+
+
+def existing_partitions(settings: Settings, timeout_s: float = 10.0) -> int | None:
+    """Partition count of this prefix's existing frontier topic (None if it does not exist)."""
+    admin = AdminClient(settings.kafka_common())
+    name = topology_of(settings).frontier
+    try:
+        # All topics, not list_topics(topic=...): that could auto-create it on some brokers.
+        topic = admin.list_topics(timeout=timeout_s).topics.get(name)
+    except KafkaException as exc:
+        raise InfraError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
+    if topic is None or topic.error is not None or not topic.partitions:
+        return None
+    return len(topic.partitions)
+
+
+def adopt_partitions(settings: Settings) -> Settings:
+    """``settings`` with an automatic (0) partition count made concrete.
+
+    Existing topics decide (a one-off crawl's topics may have fewer than the default, and
+    every producer must pick partitions from the real count); else the shared default.
+    """
+    if settings.partitions:
+        return settings
+    return settings.replace(partitions=existing_partitions(settings) or DEFAULT_PARTITIONS)
 
 
 def _await_leaders(admin: AdminClient, partitions: dict[str, int], timeout_s: float) -> None:

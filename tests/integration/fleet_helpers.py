@@ -353,7 +353,7 @@ class Record:
 
 def read_topic(settings: Settings, topic: str, timeout: float = 30.0) -> list[Record]:
     """Every committed record of ``topic`` (read_committed, from the beginning, to the end)."""
-    parts = settings.partitions if topic != topology_of(settings).control else 1
+    parts = settings.topic_partitions if topic != topology_of(settings).control else 1
     c = Consumer({**settings.kafka_common(), "group.id": f"faulttest-{uuid.uuid4().hex}",
                   "enable.auto.commit": False, "isolation.level": "read_committed",
                   "enable.partition.eof": True, "auto.offset.reset": "earliest"})
@@ -421,7 +421,7 @@ def committed_offsets(settings: Settings, stage: str,
     group = topology_of(settings).group(stage)
     c = Consumer({**settings.kafka_common(), "group.id": group, "enable.auto.commit": False})
     try:
-        tps = [TopicPartition(t, p) for t in topics for p in range(settings.partitions)]
+        tps = [TopicPartition(t, p) for t in topics for p in range(settings.topic_partitions)]
         return {(tp.topic, tp.partition): tp.offset for tp in c.committed(tps, timeout=10)}
     finally:
         c.close()

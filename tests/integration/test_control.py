@@ -122,7 +122,7 @@ def test_jobs_outside_a_crawl_window_wait_and_are_not_dropped(settings: Settings
             probe = LagProbe(s)
             try:
                 assert probe.lag(f"{s.topic_prefix}crawlfleet-retry", topo_retry,
-                                 s.partitions) >= 1
+                                 s.topic_partitions) >= 1
             finally:
                 probe.close()
         finally:
@@ -153,7 +153,7 @@ def test_link_discovery_pauses_when_the_frontier_is_over_its_bound(settings: Set
                 samples.append(probe.lag(f"{s.topic_prefix}crawlfleet-fetch",
                                          [f"{s.topic_prefix}crawl.frontier",
                                           f"{s.topic_prefix}crawl.frontier.high"],
-                                         s.partitions))
+                                         s.topic_partitions))
                 time.sleep(0.25)
             from consumers.runtime import read_statuses
             holds = sum(st["counters"].get("backpressure_holds", 0)

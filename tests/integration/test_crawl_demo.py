@@ -9,8 +9,10 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 import pytest
+from confluent_kafka.admin import AdminClient
 from protego import Protego
 
+from consumers.runtime import topology_of
 from crawlfleet.config import Settings
 from crawlfleet.crawl import Plan, run_crawl
 from infra.clickhouse import run_query
@@ -21,13 +23,21 @@ pytestmark = pytest.mark.integration
 
 def test_crawl_stores_exactly_the_reachable_allowed_pages(settings: Settings,
                                                           site_port: int) -> None:
+    """A one-off crawl, as README's command runs it: its own topics, sized and removed."""
     spec = demo_spec(site_port)
     expected = spec.expected()
+    one_off = settings.replace(topic_prefix="", partitions=0)
     with DemoSite(spec) as site:
-        summary = run_crawl(settings, spec.seeds(), Plan(), timeout_s=240)
+        summary = run_crawl(one_off, spec.seeds(), Plan(), timeout_s=240)
         requests, _ = site.snapshot()
 
     assert summary.drained, "the crawl should drain by itself"
+    # Its own topics: sized to the processes it ran, deleted once drained.
+    own = {s.name for s in topology_of(settings.replace(topic_prefix=summary.topic_prefix))
+           .specs()}
+    assert summary.partitions == Plan().partitions()
+    assert summary.topics_deleted == len(own)
+    assert not own & set(AdminClient(settings.kafka_common()).list_topics(timeout=10).topics)
     _, rows = run_query(settings, "SELECT url, status FROM pages FINAL")
     stored = {str(u): int(s) for u, s in rows}
     assert stored == expected

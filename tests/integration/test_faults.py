@@ -149,7 +149,7 @@ def test_stolen_lease_zombie_commit_is_fenced(settings: Settings,
                           request_timeout_s=SLOW_S + 15)
     bench_ips = [f"127.0.0.{2 + k}" for k in range(4)]
     # With range assignment fetch-0 (sorted first) owns partitions 0 and 1 of each topic.
-    slow_ips = _hosts_in_partitions([0, 1], s0.partitions, bench_ips)
+    slow_ips = _hosts_in_partitions([0, 1], s0.topic_partitions, bench_ips)
     port = free_port(bench_ips + slow_ips, 18700)
     spec = bench_spec(port, pages=300, hosts=4, page_bytes=4000)
     s = s0.replace(allowed_targets=bench_ips + slow_ips)
@@ -177,7 +177,7 @@ def test_stolen_lease_zombie_commit_is_fenced(settings: Settings,
         frozen_at, frozen_wall = time.monotonic(), time.time()
         fetched_at_freeze = zombie.counter("fetched")
         all_parts = {(t, p) for t in (topo.frontier, topo.frontier_high)
-                     for p in range(s.partitions)}
+                     for p in range(s.topic_partitions)}
         wait_until(lambda: group_assignment(s, "fetch") == {survivor.wid: all_parts},
                    LEASE_MS / 1000 + 20, "the group to move every partition to the survivor")
         moved_after = time.monotonic() - frozen_at
@@ -241,7 +241,7 @@ def test_rebalance_mid_fetch_loses_nothing(settings: Settings,
     the job must still be stored exactly once, not skipped as "already in flight"."""
     s0 = settings.replace(request_timeout_s=REBALANCE_SLOW_S + 15)
     # fetch-0 sorts first, so it owns partitions 0 and 1 before and after fetch-1 joins.
-    slow_ip = _hosts_in_partitions([0], s0.partitions, [])[0]
+    slow_ip = _hosts_in_partitions([0], s0.topic_partitions, [])[0]
     port = free_port([slow_ip], 19300)
     body = b"<html><head><title>Slow</title></head><body><p>slow</p></body></html>"
     with CountingServer(slow_ip, port, {"/slow.html": (200, body)},
@@ -400,7 +400,7 @@ def test_overrun_lone_worker_commit_rejected_and_redone(
     ips, port = _bench_site(3, 18900)
     s0 = settings.replace(session_timeout_ms=LEASE_MS, rate_cap=5.0, scope="seeds",
                           request_timeout_s=SLOW_S + 15)
-    slow_ip = _hosts_in_partitions([0], s0.partitions, ips)[0]
+    slow_ip = _hosts_in_partitions([0], s0.topic_partitions, ips)[0]
     port = free_port([*ips, slow_ip], port)
     spec = bench_spec(port, pages=200, hosts=3, page_bytes=4000)
     s = s0.replace(allowed_targets=[*ips, slow_ip])
@@ -530,7 +530,7 @@ def test_poison_dead_letters_without_looping(settings: Settings,
                                             "/ok.html": (200, ok_body)}) as site:
         bad, ok = site.url("/always500.html"), site.url("/ok.html")
         ws.start_pipeline()
-        partition = partition_for(POISON_HOST, s.partitions)
+        partition = partition_for(POISON_HOST, s.topic_partitions)
         poison = b"\x00\x01 this is not avro \xff\xfe"
         poison_key = f"{POISON_HOST}|default|{site.url('/poison')}".encode()
         p = Producer(s.kafka_common())

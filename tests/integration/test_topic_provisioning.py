@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from confluent_kafka.admin import AdminClient
 
 from consumers.runtime import topology_of
 from crawlfleet.config import Settings
-from infra.topics import create_topics, delete_topics
+from crawlfleet.errors import InfraError
+from infra.topics import adopt_partitions, create_topics, delete_topics
 
 
 def _topics(settings: Settings) -> set[str]:
@@ -29,3 +31,15 @@ def test_create_twice_then_delete_only_this_prefix(settings: Settings) -> None:
         assert delete_topics(settings) == []  # nothing left: a no-op, not an error
     finally:
         delete_topics(other)
+
+
+def test_existing_topics_decide_an_automatic_partition_count(settings: Settings) -> None:
+    """Producers pick partitions from the count: it must be the topics' real one."""
+    auto = settings.replace(partitions=0)
+    assert adopt_partitions(auto).partitions == 12  # nothing exists yet: the shared default
+    create_topics(settings.replace(partitions=3))
+    assert adopt_partitions(auto).partitions == 3
+    assert adopt_partitions(settings.replace(partitions=7)).partitions == 7  # explicit wins
+    with pytest.raises(InfraError, match=r"exists with 3 partitions.*CRAWLFLEET_PARTITIONS=3"):
+        create_topics(settings.replace(partitions=5))
+    assert set(create_topics(adopt_partitions(auto)).values()) == {"exists"}

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from crawlfleet.config import ENV_PREFIX, Secret, Settings, load_settings
+from crawlfleet.config import DEFAULT_PARTITIONS, ENV_PREFIX, Secret, Settings, load_settings
+from crawlfleet.crawl import PARTITIONS_PER_WORKER, Plan
 from crawlfleet.errors import ConfigError
 
 
@@ -113,7 +114,7 @@ def test_missing_or_broken_config_file(tmp_path: Path) -> None:
     [
         ({"rate_cap": 0}, "rate_cap"),
         ({"rate_cap": -1.0}, "rate_cap"),
-        ({"partitions": 0}, "partitions"),
+        ({"partitions": -1}, "partitions"),
         ({"max_inflight": 0}, "max_inflight"),
         ({"target_mode": "path"}, "target_mode"),
         ({"scope": "everything"}, "scope"),
@@ -142,7 +143,7 @@ def test_invalid_env_value_names_the_setting(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_all_problems_reported_together() -> None:
     with pytest.raises(ConfigError) as exc:
-        Settings(rate_cap=0, partitions=0)
+        Settings(rate_cap=0, partitions=-4)
     assert "rate_cap" in str(exc.value)
     assert "partitions" in str(exc.value)
 
@@ -227,3 +228,16 @@ def test_secret_not_leaked_by_validation_errors() -> None:
 def test_kafka_common_without_sasl() -> None:
     conf = Settings(bootstrap_servers="b1:9092").kafka_common()
     assert conf == {"bootstrap.servers": "b1:9092"}
+
+
+def test_partitions_default_to_automatic() -> None:
+    s = load_settings()
+    assert s.partitions == 0  # automatic: decided where the topics are known
+    assert s.topic_partitions == DEFAULT_PARTITIONS
+    assert s.replace(partitions=5).topic_partitions == 5
+
+
+def test_plan_sizes_its_own_topics() -> None:
+    assert Plan().partitions() == PARTITIONS_PER_WORKER
+    assert Plan(fetch_workers=3).partitions() == 3 * PARTITIONS_PER_WORKER
+    assert Plan(fetch_workers=2, parse_workers=5).partitions() == 5 * PARTITIONS_PER_WORKER
