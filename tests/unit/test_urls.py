@@ -9,6 +9,8 @@ import pytest
 from crawlfleet.errors import ForbiddenAddressError, InvalidURLError
 from crawlfleet.urls import (
     MAX_URL_LENGTH,
+    _already_canonical,
+    _canonicalize,
     canonicalize,
     check_address,
     dedupe_key,
@@ -257,3 +259,44 @@ def test_equivalent_urls_share_a_dedupe_key() -> None:
     a = dedupe_key("p", canonicalize("HTTP://Example.com:80/x?b=2&a=1#top"))
     b = dedupe_key("p", canonicalize("http://example.com/x?a=1&b=2"))
     assert a == b
+
+
+def _slow_or_error(url: str) -> str:
+    try:
+        return _canonicalize(url)
+    except InvalidURLError:
+        return "<invalid>"
+
+
+def _fast_or_error(url: str) -> str:
+    try:
+        return canonicalize(url)
+    except InvalidURLError:
+        return "<invalid>"
+
+
+_HOSTS = ["example.com", "a-b.example.com", "127.0.0.2", "localhost", "xn--bcher-kva.de",
+          "xn--invalid-.de", "-lead.example", "trail-.example", "a" * 63 + ".com",
+          "a" * 64 + ".com", "example.com.", "Example.com", "a..b", "0x7f000001", "1.2.3",
+          "256.1.1.1", "123", "a" * 63 + "." + "b" * 63 + "." + "c" * 63 + "." + "d" * 61]
+_PORTS = ["", ":80", ":443", ":8080", ":0", ":080", ":65535", ":65536", ":99999"]
+_PATHS = ["", "/", "/a/b.html", "/a/../b", "/./x", "/a/.", "/~user/x_y-z.html", "/a//b",
+          "/%7Euser", "/a b", "/a;p=1", "/a?", "/a?b=1", "/a#", "/a#f", "/é", "/A.HTML"]
+
+
+@pytest.mark.parametrize("scheme", ["http", "https", "HTTP"])
+def test_plain_url_fast_path_agrees_with_w3lib(scheme: str) -> None:
+    """URLs taken as canonical without w3lib get exactly w3lib's answer (or its error)."""
+    for host in _HOSTS:
+        for port in _PORTS:
+            for path in _PATHS:
+                url = f"{scheme}://{host}{port}{path}"
+                assert _fast_or_error(url) == _slow_or_error(url), url
+
+
+def test_plain_urls_skip_w3lib() -> None:
+    assert _already_canonical("http://127.0.0.2:18500/p/12.html")
+    assert _already_canonical("https://www.example.com/a/b-c_d.html")
+    for url in ("http://example.com:80/", "http://Example.com/", "http://example.com/?q",
+                "http://example.com", "http://xn--bcher-kva.de/", "http://[::1]/"):
+        assert not _already_canonical(url), url
