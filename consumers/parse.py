@@ -27,6 +27,9 @@ class RecentSet:
         self._items: OrderedDict[str, None] = OrderedDict()
         self._capacity = capacity
 
+    def __contains__(self, key: str) -> bool:
+        return key in self._items
+
     def add(self, key: str) -> bool:
         """Add ``key``; False if it was already present."""
         if key in self._items:
@@ -90,12 +93,15 @@ class ParseStage(BatchStage):
         s = self.settings
         out = []
         for link in links:
+            key = dedupe_key(job["profile"], link)
+            if key in self._recent:  # followed recently: most of a page's links are repeats
+                self._recent.add(key)
+                continue
             if not follow(link, job["target"], job["depth"], scope=s.scope,
                           max_depth=s.max_depth, target_mode=s.target_mode,
                           allowed=self._allowed):
                 continue
-            if not self._recent.add(dedupe_key(job["profile"], link)):
-                continue
+            self._recent.add(key)
             target = target_of(link, s.target_mode)
             child = {"url": link, "target": target, "profile": job["profile"],
                      "depth": job["depth"] + 1, "attempt": 0, "parent_url": job["url"],

@@ -139,9 +139,11 @@ def resolve_link(base: str, href: str) -> str | None:
         if href[0] == "/" and href[1:2] != "/":
             slash = base.find("/", base.find("//") + 2) if "//" in base else -1
             if slash > 0:
-                return _resolve_cached(base[:slash], href)
+                joined = base[:slash] + href  # what urljoin gives for a plain path
+                return joined if _already_canonical(joined) \
+                    else _resolve_cached(base[:slash], href)
         elif href.startswith(("http://", "https://")):
-            return _resolve_cached("", href)
+            return href if _already_canonical(href) else _resolve_cached("", href)
     return _resolve(base, href)
 
 
