@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import clickhouse_connect
+from clickhouse_connect.driver.insert import InsertContext
 
 from crawlfleet.config import Settings
 from crawlfleet.errors import ConfigError, InfraError
@@ -40,6 +41,7 @@ class Store:
 
     def __init__(self, settings: Settings) -> None:
         self._lock = threading.Lock()
+        self._contexts: dict[tuple[str, tuple[str, ...]], InsertContext] = {}
         self.embedded = not settings.clickhouse_dsn.get()
         self.path = settings.clickhouse_path
         try:
@@ -67,9 +69,21 @@ class Store:
         """Insert one block; a repeat of the same ``token`` is dropped by ClickHouse."""
         if not rows:
             return
+        key = (table, tuple(columns))
         with self._lock:
-            self._client.insert(table, rows, column_names=list(columns),
-                                settings={"insert_deduplication_token": token})
+            # One insert context per table: without it every insert first asks the server
+            # for the table's column types (a query of its own, ~2 ms on chDB).
+            ctx = self._contexts.get(key)
+            if ctx is None:
+                ctx = self._contexts[key] = self._client.create_insert_context(
+                    table, column_names=list(columns))
+            ctx.data = rows
+            ctx.settings = {"insert_deduplication_token": token}
+            try:
+                self._client.insert(context=ctx)
+            except Exception:
+                del self._contexts[key]  # its state is unknown now: build a fresh one
+                raise
 
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         with self._lock:
