@@ -105,6 +105,24 @@ def _await_leaders(admin: AdminClient, partitions: dict[str, int], timeout_s: fl
         time.sleep(0.05)
 
 
+def _await_gone(admin: AdminClient, names: list[str], timeout_s: float) -> None:
+    """Wait until the brokers' metadata no longer lists ``names`` (it lags the controller's
+    confirmation, as for creations), so a caller that lists topics next sees them gone."""
+    deadline = time.monotonic() + timeout_s
+    while names:
+        try:
+            listed = set(admin.list_topics(timeout=max(1.0, deadline - time.monotonic())).topics)
+        except KafkaException:
+            listed = set(names)
+        if not listed & set(names):
+            return
+        if time.monotonic() >= deadline:
+            log.warning("deleted topics still listed after %.0f s: %s", timeout_s,
+                        ", ".join(sorted(listed & set(names))))
+            return
+        time.sleep(0.05)
+
+
 def delete_topics(settings: Settings, stages: tuple[str, ...] = ("fetch", "parse", "store",
                                                                   "retry"),
                   timeout_s: float = 30.0) -> list[str]:
@@ -130,6 +148,7 @@ def delete_topics(settings: Settings, stages: tuple[str, ...] = ("fetch", "parse
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
                 log.warning("topic %s not deleted: %s", name, exc)
+    _await_gone(admin, deleted, timeout_s)
     groups = [topo.group(stage) for stage in stages]
     for group, fut in admin.delete_consumer_groups(groups, request_timeout=timeout_s).items():
         try:
