@@ -457,8 +457,11 @@ class _Session:
             timeout = None if due is None or self.running >= self.s.max_inflight \
                 or self.ctl_paused else max(0.0, due - time.monotonic())
             self.wake.clear()
+            # asyncio.timeout, not wait_for: this runs once per finished request, and
+            # wait_for wraps every wait in a new Task.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self.wake.wait()
 
     def _disallowed_now(self, target: str, pj: Pending, now: float) -> bool:
         """Known robots-disallowed: dead-letter it without spending the target's slot."""
