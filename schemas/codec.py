@@ -91,8 +91,9 @@ class Codec:
         if writer.record != reader.record:
             raise DecodeError(f"{record}: record was written as {writer.record}")
         try:
+            # Written with the newest schema (the usual case): nothing to resolve.
             result = fastavro.schemaless_reader(io.BytesIO(payload), writer.parsed,
-                                                reader.parsed)
+                                                None if writer is reader else reader.parsed)
         except Exception as exc:  # fastavro raises assorted types on corrupt bytes
             raise DecodeError(f"{record}: corrupt payload ({type(exc).__name__}: {exc})") from exc
         if not isinstance(result, dict):
