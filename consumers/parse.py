@@ -45,7 +45,7 @@ class ParseStage(BatchStage):
     stage = "parse"
     # Up to 2,000 pages per transaction when backlogged: fewer, fuller transactions for the
     # broker and fewer, larger bursts for the store's inserts (measured on the benchmark
-    # crawl, 5 interleaved pairs each: 1,000 used ~3% less CPU than 500, 2,000 another
+    # crawl in 3 and 5 interleaved pairs: 1,000 used ~3% less CPU than 500, 2,000 another
     # ~2-3%). A replay after a crash re-parses at most this many pages.
     batch_size = 2000
 
