@@ -46,6 +46,13 @@ def _settings(config: Path | None, **overrides: Any) -> Settings:
     return load_settings(config, **overrides)
 
 
+def _on_cluster(s: Settings) -> Settings:
+    """``s`` for commands that use an existing cluster and its topics as they are."""
+    from crawlfleet.crawl import resolve_bootstrap
+    from infra.topics import adopt_partitions
+    return adopt_partitions(resolve_bootstrap(s, start_local=False))
+
+
 def _fail(exc: CrawlfleetError) -> None:
     err_console.print(f"[red]error:[/red] {exc}")
     raise typer.Exit(2)
@@ -102,12 +109,10 @@ def topics_create(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
                   partitions: Annotated[int | None, typer.Option()] = None,
                   replication: Annotated[int | None, typer.Option()] = None) -> None:
     """Create every crawl topic that does not exist yet (idempotent)."""
-    from crawlfleet.crawl import resolve_bootstrap
-    from infra.topics import adopt_partitions, create_topics
+    from infra.topics import create_topics
     try:
-        s = adopt_partitions(resolve_bootstrap(_settings(
-            config, bootstrap=bootstrap, topic_prefix=topic_prefix, partitions=partitions,
-            replication=replication), False))
+        s = _on_cluster(_settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix,
+                                  partitions=partitions, replication=replication))
         for name, state in sorted(create_topics(s).items()):
             console.print(f"{state:8} {name}")
     except CrawlfleetError as exc:
@@ -122,12 +127,9 @@ def publish_cmd(source: Annotated[str, typer.Argument(help="File of URLs / JSON 
                 config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
                 topic_prefix: PrefixOpt = None) -> None:
     """Publish seeds to the frontier; bad lines are reported, good ones still go through."""
-    from crawlfleet.crawl import resolve_bootstrap
-    from infra.topics import adopt_partitions
     from producers.frontier import publish
     try:
-        s = adopt_partitions(resolve_bootstrap(
-            _settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix), False))
+        s = _on_cluster(_settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix))
         if source == "-":
             report = publish(sys.stdin, s)
         else:
@@ -165,13 +167,11 @@ def worker_cmd(stage: Annotated[str, typer.Argument(help="fetch | parse | store 
                    help="Requests per second per target.")] = None) -> None:
     """Run one stage worker until SIGTERM (then leave the group cleanly)."""
     from consumers.runtime import StopFlag
-    from crawlfleet.crawl import resolve_bootstrap
-    from infra.topics import adopt_partitions
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        s = adopt_partitions(resolve_bootstrap(_settings(
-            config, bootstrap=bootstrap, clickhouse=clickhouse, data_dir=data_dir,
-            topic_prefix=topic_prefix, allow_private=allow_private, rate_cap=rate_cap), False))
+        s = _on_cluster(_settings(config, bootstrap=bootstrap, clickhouse=clickhouse,
+                                  data_dir=data_dir, topic_prefix=topic_prefix,
+                                  allow_private=allow_private, rate_cap=rate_cap))
         stop = StopFlag().install()
         runner = _stage(stage, s, worker_id, stop)
         _tune_gc()

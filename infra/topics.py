@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -26,10 +28,7 @@ def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]
     """
     admin = AdminClient(settings.kafka_common())
     specs = topology_of(settings).specs()
-    try:
-        metadata = admin.list_topics(timeout=timeout_s).topics
-    except KafkaException as exc:
-        raise InfraError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
+    metadata = _list_topics(admin, settings, timeout_s)
     existing = {name for name, t in metadata.items() if t.error is None}
     for spec in specs:
         if spec.name in existing and len(metadata[spec.name].partitions) != spec.partitions:
@@ -51,19 +50,21 @@ def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]
             if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise InfraError(f"cannot create topic {name}: {err.str()}") from exc
             result[name] = "exists"
-    _await_leaders(admin, {s.name: s.partitions for s in specs}, timeout_s)
+    def leaderless(topics: dict[str, Any]) -> list[str]:
+        return [t.name for t in specs if t.name not in topics or topics[t.name].error is not None
+                or len(topics[t.name].partitions) < t.partitions
+                or any(p.leader < 0 for p in topics[t.name].partitions.values())]
+    missing = _await_metadata(admin, leaderless, timeout_s)
+    if missing:
+        raise InfraError(f"topics without leaders after {timeout_s:.0f} s: "
+                         f"{', '.join(sorted(missing))}")
     return result
 
 
 def existing_partitions(settings: Settings, timeout_s: float = 10.0) -> int | None:
     """Partition count of this prefix's existing frontier topic (None if it does not exist)."""
     admin = AdminClient(settings.kafka_common())
-    name = topology_of(settings).frontier
-    try:
-        # All topics, not list_topics(topic=...): that could auto-create it on some brokers.
-        topic = admin.list_topics(timeout=timeout_s).topics.get(name)
-    except KafkaException as exc:
-        raise InfraError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
+    topic = _list_topics(admin, settings, timeout_s).get(topology_of(settings).frontier)
     if topic is None or topic.error is not None or not topic.partitions:
         return None
     return len(topic.partitions)
@@ -80,46 +81,31 @@ def adopt_partitions(settings: Settings) -> Settings:
     return settings.replace(partitions=existing_partitions(settings) or DEFAULT_PARTITIONS)
 
 
-def _await_leaders(admin: AdminClient, partitions: dict[str, int], timeout_s: float) -> None:
-    """Wait until the brokers' metadata shows every partition with a leader.
+def _list_topics(admin: AdminClient, settings: Settings, timeout_s: float) -> dict[str, Any]:
+    """Every topic's metadata (all topics: asking for one by name can auto-create it)."""
+    try:
+        return dict(admin.list_topics(timeout=timeout_s).topics)
+    except KafkaException as exc:
+        raise InfraError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
 
-    A creation is confirmed by the controller before every broker's metadata has it; clients
-    that start at once would see unknown topics or leaderless partitions and back off for
-    up to a second before their first fetch.
+
+def _await_metadata(admin: AdminClient, pending: Callable[[dict[str, Any]], list[str]],
+                    timeout_s: float) -> list[str]:
+    """Poll the brokers' metadata until ``pending(topics)`` is empty; what is left at timeout.
+
+    The controller confirms creations and deletions before every broker's metadata shows
+    them; clients that act at once would see unknown or leaderless partitions (and back off
+    for up to a second) or topics that are already gone.
     """
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             topics = admin.list_topics(timeout=max(1.0, deadline - time.monotonic())).topics
         except KafkaException:
-            topics = {}
-        missing = [name for name, n in partitions.items()
-                   if name not in topics or topics[name].error is not None
-                   or len(topics[name].partitions) < n
-                   or any(p.leader < 0 for p in topics[name].partitions.values())]
-        if not missing:
-            return
-        if time.monotonic() >= deadline:
-            raise InfraError(f"topics without leaders after {timeout_s:.0f} s: "
-                             f"{', '.join(sorted(missing))}")
-        time.sleep(0.05)
-
-
-def _await_gone(admin: AdminClient, names: list[str], timeout_s: float) -> None:
-    """Wait until the brokers' metadata no longer lists ``names`` (it lags the controller's
-    confirmation, as for creations), so a caller that lists topics next sees them gone."""
-    deadline = time.monotonic() + timeout_s
-    while names:
-        try:
-            listed = set(admin.list_topics(timeout=max(1.0, deadline - time.monotonic())).topics)
-        except KafkaException:
-            listed = set(names)
-        if not listed & set(names):
-            return
-        if time.monotonic() >= deadline:
-            log.warning("deleted topics still listed after %.0f s: %s", timeout_s,
-                        ", ".join(sorted(listed & set(names))))
-            return
+            topics = None
+        left = pending(topics) if topics is not None else ["(metadata unavailable)"]
+        if not left or time.monotonic() >= deadline:
+            return left
         time.sleep(0.05)
 
 
@@ -148,7 +134,10 @@ def delete_topics(settings: Settings, stages: tuple[str, ...] = ("fetch", "parse
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
                 log.warning("topic %s not deleted: %s", name, exc)
-    _await_gone(admin, deleted, timeout_s)
+    listed = _await_metadata(admin, lambda topics: [n for n in deleted if n in topics], timeout_s)
+    if listed:
+        log.warning("deleted topics still listed after %.0f s: %s", timeout_s,
+                    ", ".join(sorted(listed)))
     groups = [topo.group(stage) for stage in stages]
     for group, fut in admin.delete_consumer_groups(groups, request_timeout=timeout_s).items():
         try:
