@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
+from collections import deque
 from typing import ClassVar
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
@@ -35,6 +36,11 @@ from crawlfleet.errors import DecodeError, FatalError
 
 log = logging.getLogger("crawlfleet.stage")
 
+# Slow start (see _txn_cap): the first transaction after a quiet second covers this many
+# records at most, and each later one at most twice the largest of the second before.
+_SLOW_START_MIN = 50
+_SLOW_START_WINDOW_S = 1.0
+
 
 class NotDueError(Exception):
     """Raised by ``handle`` when a record must wait; its partition pauses, not the loop."""
@@ -59,6 +65,7 @@ class BatchStage(ABC):
         self._paused_until: dict[tuple[str, int], float] = {}
         self._committed: dict[tuple[str, int], int] = {}
         self._generation = 0  # bumped by every rebalance callback
+        self._recent_txns: deque[tuple[float, int]] = deque()  # (when, records) committed
 
     @abstractmethod
     def input_topics(self) -> list[str]: ...
@@ -97,7 +104,10 @@ class BatchStage(ABC):
                     self.rolled_back()
                     rewind(consumer, consumer.assignment())
                     continue
-                self._process(consumer, committer, msgs)
+                # No poll between these transactions, so no rebalance can come in between.
+                rest = self._process(consumer, committer, msgs)
+                while rest and not self.stop.requested:
+                    rest = self._process(consumer, committer, rest)
                 self.status.write()
         finally:
             consumer.close()  # leaves the group now, not after the session timeout
@@ -129,12 +139,34 @@ class BatchStage(ABC):
         """Hook: called before each batch, when all earlier outputs are committed."""
         return
 
-    def _process(self, consumer: Consumer, committer: TxnCommitter, msgs: list[Message]) -> None:
+    def _txn_cap(self) -> int:
+        """Records the next transaction may cover: twice the largest of the last second.
+
+        Slow start: after a quiet spell a burst (the next level of a crawl arriving all at
+        once) is committed in growing steps, so its first results reach the next stage
+        after a fraction of the burst's work; under sustained load the cap stays above
+        what a batch holds and changes nothing.
+        """
+        now = time.monotonic()
+        while self._recent_txns and now - self._recent_txns[0][0] > _SLOW_START_WINDOW_S:
+            self._recent_txns.popleft()
+        peak = max((n for _, n in self._recent_txns), default=0)
+        return max(_SLOW_START_MIN, 2 * peak)
+
+    def _process(self, consumer: Consumer, committer: TxnCommitter,
+                 msgs: list[Message]) -> list[Message]:
+        """One transaction over a prefix of ``msgs``; returns the records left for the next."""
         self.begin_batch()
+        cap = self._txn_cap()
         outputs: list[Output] = []
         offsets: dict[tuple[str, int], int] = {}
         held: set[tuple[str, int]] = set()
-        for msg in msgs:
+        rest: list[Message] = []
+        processed = 0
+        for i, msg in enumerate(msgs):
+            if processed >= cap:
+                rest = [m for m in msgs[i:] if m.error() is None and tp_of(m) not in held]
+                break
             err = msg.error()
             if err is not None:
                 if err.code() != KafkaError._PARTITION_EOF:
@@ -158,24 +190,31 @@ class BatchStage(ABC):
                                                  str(exc), 1))
                 self.status.add("dead")
             offsets[tp] = offset_of(msg) + 1
-        # The position also steps over transaction markers, so an idle stage's lag is 0.
+            processed += 1
+        # The position also steps over transaction markers, so an idle stage's lag is 0;
+        # not for partitions with records left for the next transaction.
+        unfinished = held | {tp_of(m) for m in rest}
         for pos in consumer.position(consumer.assignment()):
             key = (pos.topic, pos.partition)
-            if pos.offset >= 0 and key not in held and pos.offset > offsets.get(key, -1):
+            if pos.offset >= 0 and key not in unfinished and pos.offset > offsets.get(key, -1):
                 offsets[key] = pos.offset
         changed = {k: o for k, o in offsets.items() if self._committed.get(k) != o}
         if not changed:
-            return
+            return rest
         try:
             committer.commit(consumer, outputs,
                              [TopicPartition(t, p, o) for (t, p), o in changed.items()])
             self._committed.update(changed)
             self.status.add("committed_txns")
+            if processed:
+                self._recent_txns.append((time.monotonic(), processed))
         except TxnAbortedError as exc:
             log.warning("%s transaction aborted, rewinding: %s", self.stage, exc)
             self._committed.clear()
             self.rolled_back()
             rewind(consumer, consumer.assignment())
+            return []
+        return rest
 
     def _hold(self, consumer: Consumer, msg: Message, wait_s: float) -> None:
         topic, partition = tp_of(msg)

@@ -115,6 +115,10 @@ class FetchStage:
         await _Session(self).run()
 
 
+# A worker out of queued jobs hands its results on this often, not on the full interval.
+_STARVED_COMMIT_S = 0.1
+
+
 class _Session:
     """One membership of the group: clients, in-memory state, all dropped together."""
 
@@ -341,7 +345,10 @@ class _Session:
             # Jobs queued, in flight or finished but uncommitted: look again soon, so results
             # are committed (handed on) as soon as the last of them is done.
             busy = self.running or self.completed or len(self.sched)
-            msgs = await self._kafka(self._poll, 0.05 if busy else 0.2)
+            # Nothing queued: what is in flight or done is all this worker has, and its
+            # results go out the moment they are complete (below), so do not oversleep it.
+            handing_on = busy and not len(self.sched)
+            msgs = await self._kafka(self._poll, 0.01 if handing_on else 0.05 if busy else 0.2)
             if self.broken is not None:
                 raise self.broken
             if msgs:
@@ -350,7 +357,10 @@ class _Session:
             # Under load, commit on the interval (fewer, fuller transactions); once nothing
             # is in flight or queued, finished results are all there is: hand them on now.
             idle_done = bool(self.completed) and not self.running and not len(self.sched)
-            if now - last_commit >= self.s.commit_interval_s or idle_done:
+            # Nothing queued to start: the crawl is waiting on the links in our results.
+            starved = bool(self.completed) and not len(self.sched) \
+                and now - last_commit >= _STARVED_COMMIT_S
+            if now - last_commit >= self.s.commit_interval_s or idle_done or starved:
                 await self._kafka(self._commit)
                 last_commit = now
             self._report()

@@ -86,6 +86,7 @@ class StoreStage:
         self.status = StatusFile(settings.status_dir, self.stage, self.worker)
         self.store = Store(settings)
         self.store.ensure_schema()
+        self.store.warm_up()
         self._committed: dict[tuple[str, int], int] = {}
 
     def run(self) -> None:

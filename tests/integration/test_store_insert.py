@@ -32,3 +32,21 @@ def test_reused_insert_context_keeps_each_batchs_dedupe_token(tmp_path: Path) ->
         assert [r[0] for r in ids] == ["t:0:1", "t:0:2", "t:0:4", "t:0:5"]
     finally:
         store.close()
+
+
+def test_warm_up_leaves_no_table_and_survives_a_leftover(tmp_path: Path) -> None:
+    store = Store(load_settings(data_dir=tmp_path))
+    store.ensure_schema()
+    try:
+        # A store killed mid-warm-up leaves its scratch table behind: the next one copes.
+        store.command("CREATE TABLE _crawlfleet_warm_up (n UInt8) ENGINE = MergeTree "
+                      "ORDER BY tuple()")
+        store.warm_up()
+        store.warm_up()
+        tables = {r[0] for r in store.query("SHOW TABLES")[1]}
+        assert "_crawlfleet_warm_up" not in tables
+        assert {"pages", "fetch_events", "dead_letters"} <= tables
+        store.insert("fetch_events", EVENT_COLUMNS, [_event(1)], "tok-a")
+        assert store.query("SELECT count() FROM fetch_events")[1] == [(1,)]
+    finally:
+        store.close()

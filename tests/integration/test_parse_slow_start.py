@@ -1,0 +1,95 @@
+"""Parse stage on the real broker: a burst is committed in growing transactions (slow start),
+and splitting a batch loses and repeats nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from confluent_kafka import Producer
+
+from consumers.parse import ParseStage
+from consumers.runtime import Encoder, StopFlag, producer_conf, topology_of
+from crawlfleet.config import Settings
+from crawlfleet.urls import dedupe_key
+from tests.integration.fleet_helpers import (
+    committed_offsets,
+    create_all_topics,
+    key_counts,
+    read_topic,
+    wait_until,
+)
+
+PAGES = 400
+
+
+class _Recorded(deque[tuple[float, int]]):
+    """The stage's window of recent transactions, keeping every size ever appended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def append(self, item: tuple[float, int]) -> None:
+        self.sizes.append(item[1])
+        super().append(item)
+
+
+def _publish_results(settings: Settings) -> set[str]:
+    """``PAGES`` fetched pages, all visible at once: one burst for the parse stage."""
+    enc = Encoder(topology_of(settings), "test")
+    producer = Producer(producer_conf(settings, "slow-start-test"))
+    keys = set()
+    for k in range(PAGES):
+        url = f"http://127.0.0.{2 + k % 4}:8080/p/{k}.html"
+        job = {"url": url, "target": f"127.0.0.{2 + k % 4}", "profile": "default", "depth": 0,
+               "attempt": 0, "parent_url": None, "last_error": None, "priority": 0,
+               "meta": {}, "delay_ms": 0}
+        key = dedupe_key("default", url)
+        body = f"<html><title>p{k}</title><body>page {k}</body></html>".encode()
+        out = enc.record(topology_of(settings).fetched, "FetchResult", job["target"],
+                         key.encode(), {"job": job, "final_url": url, "status": 200,
+                                        "content_type": "text/html", "body": body,
+                                        "fetched_at_ms": int(time.time() * 1000),
+                                        "elapsed_ms": 1, "redirects": [], "worker": "test"})
+        producer.produce(out.topic, value=out.value, key=out.key, partition=out.partition,
+                         headers=out.headers)
+        keys.add(key)
+    assert producer.flush(30) == 0
+    return keys
+
+
+def test_burst_is_committed_in_growing_transactions_without_loss(settings: Settings) -> None:
+    create_all_topics(settings)
+    keys = _publish_results(settings)
+    topo = topology_of(settings)
+    stop = StopFlag()
+    stage = ParseStage(settings, "slow-start", stop=stop)
+    stage._recent_txns = recorded = _Recorded()
+    worker = threading.Thread(target=stage.run, daemon=True)
+    worker.start()
+    try:
+        def all_committed() -> bool:
+            done = committed_offsets(settings, "parse", [topo.fetched])
+            return sum(max(o, 0) for o in done.values()) >= PAGES
+        wait_until(all_committed, 60, "the parse group to commit every fetched page")
+    finally:
+        stop.set()
+        worker.join(timeout=30)
+    sizes = recorded.sizes
+    # The burst was split: 50 first, then at most twice the largest before, to the end.
+    assert sizes[0] == 50, sizes
+    assert len(sizes) >= 3, sizes
+    assert all(b <= 2 * max(sizes[:i + 1]) for i, b in enumerate(sizes[1:])), sizes
+    assert sum(sizes) == PAGES, sizes
+    # Every page reached the parsed topic exactly once, and nothing else did.
+    parsed = key_counts(read_topic(settings, topo.parsed))
+    assert set(parsed) == keys
+    assert set(parsed.values()) == {1}
+    # The committed input offsets are the ends of the partitions: nothing left behind.
+    ends = {}
+    for r in read_topic(settings, topo.fetched):
+        ends[(r.topic, r.partition)] = max(ends.get((r.topic, r.partition), 0), r.offset + 1)
+    done = committed_offsets(settings, "parse", [topo.fetched])
+    assert {tp: o for tp, o in done.items() if tp in ends} == ends
