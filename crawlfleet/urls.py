@@ -139,11 +139,9 @@ def resolve_link(base: str, href: str) -> str | None:
         if href[0] == "/" and href[1:2] != "/":
             slash = base.find("/", base.find("//") + 2) if "//" in base else -1
             if slash > 0:
-                joined = base[:slash] + href  # what urljoin gives for a plain path
-                return joined if _already_canonical(joined) \
-                    else _resolve_cached(base[:slash], href)
+                return _resolve_on_origin(base[:slash], href)
         elif href.startswith(("http://", "https://")):
-            return href if _already_canonical(href) else _resolve_cached("", href)
+            return _resolve_on_origin("", href)
     return _resolve(base, href)
 
 
@@ -154,7 +152,11 @@ def _resolve(base: str, href: str) -> str | None:
         return None
 
 
-_resolve_cached = lru_cache(maxsize=1 << 16)(_resolve)
+@lru_cache(maxsize=1 << 16)
+def _resolve_on_origin(origin: str, href: str) -> str | None:
+    """``href`` (absolute, or a path) on ``origin`` ("" for absolute), memoised."""
+    joined = origin + href  # what urljoin gives for a plain path or an absolute URL
+    return joined if _already_canonical(joined) else _resolve(origin, href)
 
 
 def check_address(ip: str, allow_private: bool) -> None:
