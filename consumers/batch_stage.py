@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections import deque
 from typing import ClassVar
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
@@ -31,15 +30,11 @@ from consumers.runtime import (
     tp_of,
     worker_name,
 )
+from consumers.slow_start import SlowStart
 from crawlfleet.config import Settings
 from crawlfleet.errors import DecodeError, FatalError
 
 log = logging.getLogger("crawlfleet.stage")
-
-# Slow start (see _txn_cap): the first transaction after a quiet second covers this many
-# records at most, and each later one at most twice the largest of the second before.
-_SLOW_START_MIN = 50
-_SLOW_START_WINDOW_S = 1.0
 
 
 class NotDueError(Exception):
@@ -65,7 +60,7 @@ class BatchStage(ABC):
         self._paused_until: dict[tuple[str, int], float] = {}
         self._committed: dict[tuple[str, int], int] = {}
         self._generation = 0  # bumped by every rebalance callback
-        self._recent_txns: deque[tuple[float, int]] = deque()  # (when, records) committed
+        self.slow_start = SlowStart()  # records per transaction after a quiet spell
 
     @abstractmethod
     def input_topics(self) -> list[str]: ...
@@ -139,25 +134,15 @@ class BatchStage(ABC):
         """Hook: called before each batch, when all earlier outputs are committed."""
         return
 
-    def _txn_cap(self) -> int:
-        """Records the next transaction may cover: twice the largest of the last second.
-
-        Slow start: after a quiet spell a burst (the next level of a crawl arriving all at
-        once) is committed in growing steps, so its first results reach the next stage
-        after a fraction of the burst's work; under sustained load the cap stays above
-        what a batch holds and changes nothing.
-        """
-        now = time.monotonic()
-        while self._recent_txns and now - self._recent_txns[0][0] > _SLOW_START_WINDOW_S:
-            self._recent_txns.popleft()
-        peak = max((n for _, n in self._recent_txns), default=0)
-        return max(_SLOW_START_MIN, 2 * peak)
-
     def _process(self, consumer: Consumer, committer: TxnCommitter,
                  msgs: list[Message]) -> list[Message]:
-        """One transaction over a prefix of ``msgs``; returns the records left for the next."""
+        """One transaction over a prefix of ``msgs``; returns the records left for the next.
+
+        The prefix is capped by slow start: a burst after a quiet spell (a crawl's next
+        level) is committed in growing steps, so its first links reach the frontier early.
+        """
         self.begin_batch()
-        cap = self._txn_cap()
+        cap = self.slow_start.cap()
         outputs: list[Output] = []
         offsets: dict[tuple[str, int], int] = {}
         held: set[tuple[str, int]] = set()
@@ -206,8 +191,7 @@ class BatchStage(ABC):
                              [TopicPartition(t, p, o) for (t, p), o in changed.items()])
             self._committed.update(changed)
             self.status.add("committed_txns")
-            if processed:
-                self._recent_txns.append((time.monotonic(), processed))
+            self.slow_start.committed(processed)
         except TxnAbortedError as exc:
             log.warning("%s transaction aborted, rewinding: %s", self.stage, exc)
             self._committed.clear()

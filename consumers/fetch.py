@@ -47,6 +47,7 @@ from consumers.runtime import (
 )
 from consumers.scheduler import TargetScheduler
 from consumers.seen import DEAD, DONE, RETRYING, SeenStore
+from consumers.slow_start import SlowStart
 from consumers.windows import parse_windows, seconds_until_open
 from crawlfleet import __version__
 from crawlfleet.config import Settings
@@ -161,6 +162,7 @@ class _Session:
         self.admin: AdminClient | None = None
         self.windows = {t: parse_windows(w) for t, w in self.s.crawl_windows.items()}
         self.committer: TxnCommitter | None = None
+        self.slow_start = SlowStart(floor=150)  # outputs (~3 per page) per transaction
 
     # --- Kafka thread -------------------------------------------------------------------
 
@@ -271,6 +273,7 @@ class _Session:
                 tracker = self.trackers.get((tp_.topic, tp_.partition))
                 if tracker is not None:
                     tracker.committed(tp_.offset)
+        self.slow_start.committed(len(outputs))
         self.status.add("committed_txns")
         self.status.add("produced", len(outputs))
 
@@ -360,7 +363,10 @@ class _Session:
             # Nothing queued to start: the crawl is waiting on the links in our results.
             starved = bool(self.completed) and not len(self.sched) \
                 and now - last_commit >= _STARVED_COMMIT_S
-            if now - last_commit >= self.s.commit_interval_s or idle_done or starved:
+            # After a quiet spell, results go out in growing transactions (slow start), so
+            # a crawl's next level is found while this one is still being fetched.
+            burst = len(self.completed) >= self.slow_start.cap(now)
+            if now - last_commit >= self.s.commit_interval_s or idle_done or starved or burst:
                 await self._kafka(self._commit)
                 last_commit = now
             self._report()

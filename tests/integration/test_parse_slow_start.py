@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 
 from confluent_kafka import Producer
 
 from consumers.parse import ParseStage
 from consumers.runtime import Encoder, StopFlag, producer_conf, topology_of
+from consumers.slow_start import SlowStart
 from crawlfleet.config import Settings
 from crawlfleet.urls import dedupe_key
 from tests.integration.fleet_helpers import (
@@ -24,16 +24,16 @@ from tests.integration.fleet_helpers import (
 PAGES = 400
 
 
-class _Recorded(deque[tuple[float, int]]):
-    """The stage's window of recent transactions, keeping every size ever appended."""
+class _Recording(SlowStart):
+    """The stage's slow start, remembering every committed transaction's size."""
 
     def __init__(self) -> None:
         super().__init__()
         self.sizes: list[int] = []
 
-    def append(self, item: tuple[float, int]) -> None:
-        self.sizes.append(item[1])
-        super().append(item)
+    def committed(self, size: int, now: float | None = None) -> None:
+        self.sizes.append(size)
+        super().committed(size, now)
 
 
 def _publish_results(settings: Settings) -> set[str]:
@@ -66,7 +66,7 @@ def test_burst_is_committed_in_growing_transactions_without_loss(settings: Setti
     topo = topology_of(settings)
     stop = StopFlag()
     stage = ParseStage(settings, "slow-start", stop=stop)
-    stage._recent_txns = recorded = _Recorded()
+    stage.slow_start = recording = _Recording()
     worker = threading.Thread(target=stage.run, daemon=True)
     worker.start()
     try:
@@ -77,7 +77,7 @@ def test_burst_is_committed_in_growing_transactions_without_loss(settings: Setti
     finally:
         stop.set()
         worker.join(timeout=30)
-    sizes = recorded.sizes
+    sizes = [n for n in recording.sizes if n]
     # The burst was split: 50 first, then at most twice the largest before, to the end.
     assert sizes[0] == 50, sizes
     assert len(sizes) >= 3, sizes
