@@ -19,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import aiohttp
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -58,7 +57,7 @@ from crawlfleet.errors import (
     KafkaStageError,
     RobotsDisallowedError,
 )
-from crawlfleet.urls import canonicalize, dedupe_key
+from crawlfleet.urls import canonicalize, dedupe_key, origin_of
 from schemas.topics import RETRY_DELAYS_S
 
 log = logging.getLogger("crawlfleet.fetch")
@@ -78,6 +77,7 @@ class Pending:
     epoch: int
     job: dict[str, Any]
     key: str
+    allowed_by: RobotsRules | None = None  # rules already checked at dispatch: allowed
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -481,10 +481,11 @@ class _Session:
 
     def _disallowed_now(self, target: str, pj: Pending, now: float) -> bool:
         """Known robots-disallowed: dead-letter it without spending the target's slot."""
-        parts = urlsplit(pj.job["url"])
-        rules = self.robots.get(f"{parts.scheme}://{parts.netloc}")
-        if rules is None or rules.unreachable or rules.allows(pj.job["url"],
-                                                               self.s.robots_agent):
+        rules = self.robots.get(origin_of(pj.job["url"]))
+        if rules is None or rules.unreachable:
+            return False
+        if rules.allows(pj.job["url"], self.s.robots_agent):
+            pj.allowed_by = rules  # _fetch need not ask protego again
             return False
         self.sched.refund(target, now)
         self._finish(pj, *self._dead(pj, "robots_disallowed",
@@ -530,7 +531,8 @@ class _Session:
                 self._spill(job["target"], UNREACHABLE_RETRY_S)
                 outputs, seen_state = self._retry_or_dead(pj, "robots_unreachable",
                                                           UNREACHABLE_RETRY_S, 0, started)
-            elif not rules.allows(job["url"], self.s.robots_agent):
+            elif rules is not pj.allowed_by and not rules.allows(job["url"],
+                                                                  self.s.robots_agent):
                 raise RobotsDisallowedError(f"robots.txt disallows {job['url']}")
             else:
                 resp = await self.fetcher.get(job["url"])
@@ -654,8 +656,7 @@ class _Session:
 
     async def _robots_for(self, url: str, target: str) -> RobotsRules | None:
         """Cached rules for the URL's origin; None means "fetched them just now, requeue"."""
-        parts = urlsplit(url)
-        origin = f"{parts.scheme}://{parts.netloc}"
+        origin = origin_of(url)
         now = time.monotonic()
         rules = self.robots.get(origin)
         if rules is not None and self.robots_expiry.get(origin, 0) > now:

@@ -98,6 +98,12 @@ def host_of(url: str) -> str:
     return urlsplit(url).hostname or ""
 
 
+def origin_of(url: str) -> str:
+    """``scheme://netloc`` of a canonical URL (which always has a path), without parsing it."""
+    slash = url.find("/", url.find("//") + 2)
+    return url if slash < 0 else url[:slash]
+
+
 def target_of(url: str, mode: str = "host") -> str:
     """The politeness unit of a canonical URL: its host, or its registrable domain.
 

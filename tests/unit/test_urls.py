@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 import pytest
 
@@ -14,6 +14,7 @@ from crawlfleet.urls import (
     canonicalize,
     check_address,
     dedupe_key,
+    origin_of,
     resolve_link,
     target_of,
 )
@@ -300,3 +301,14 @@ def test_plain_urls_skip_w3lib() -> None:
     for url in ("http://example.com:80/", "http://Example.com/", "http://example.com/?q",
                 "http://example.com", "http://xn--bcher-kva.de/", "http://[::1]/"):
         assert not _already_canonical(url), url
+
+
+@pytest.mark.parametrize("raw", [
+    "http://example.com", "HTTP://Example.COM:80/a/b?q=1#f", "https://user:pw@h.example:8443/x",
+    "http://127.0.0.2:18500/p/1.html", "http://[::1]:8080/", "https://h.example?x=1",
+    "http://xn--bcher-kva.example/b%C3%BCcher", "http://h.example/a//b/../c",
+])
+def test_origin_of_a_canonical_url_is_its_scheme_and_netloc(raw: str) -> None:
+    url = canonicalize(raw)
+    parts = urlsplit(url)
+    assert origin_of(url) == f"{parts.scheme}://{parts.netloc}"
