@@ -30,6 +30,14 @@ class RecentSet:
     def __contains__(self, key: str) -> bool:
         return key in self._items
 
+    def touch(self, key: str) -> bool:
+        """True if ``key`` is present, which then counts as just seen (one lookup)."""
+        try:
+            self._items.move_to_end(key)
+        except KeyError:
+            return False
+        return True
+
     def add(self, key: str) -> bool:
         """Add ``key``; False if it was already present."""
         if key in self._items:
@@ -99,8 +107,7 @@ class ParseStage(BatchStage):
         out = []
         for link in links:
             key = dedupe_key(job["profile"], link)
-            if key in self._recent:  # followed recently: most of a page's links are repeats
-                self._recent.add(key)
+            if self._recent.touch(key):  # followed recently: most of a page's links are repeats
                 continue
             if not follow(link, job["target"], job["depth"], scope=s.scope,
                           max_depth=s.max_depth, target_mode=s.target_mode,
