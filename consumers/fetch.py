@@ -357,16 +357,15 @@ class _Session:
             if msgs:
                 self._admit(msgs)
             now = time.monotonic()
-            # Under load, commit on the interval (fewer, fuller transactions); once nothing
-            # is in flight or queued, finished results are all there is: hand them on now.
-            idle_done = bool(self.completed) and not self.running and not len(self.sched)
-            # Nothing queued to start: the crawl is waiting on the links in our results.
-            starved = bool(self.completed) and not len(self.sched) \
-                and now - last_commit >= _STARVED_COMMIT_S
+            # Under load, commit on the interval (fewer, fuller transactions). With nothing
+            # queued to start, the crawl is waiting on the links in our results: hand them
+            # on every _STARVED_COMMIT_S, and at once when nothing is in flight either.
+            starved = bool(self.completed) and not len(self.sched) and (
+                not self.running or now - last_commit >= _STARVED_COMMIT_S)
             # After a quiet spell, results go out in growing transactions (slow start), so
             # a crawl's next level is found while this one is still being fetched.
             burst = len(self.completed) >= self.slow_start.cap(now)
-            if now - last_commit >= self.s.commit_interval_s or idle_done or starved or burst:
+            if now - last_commit >= self.s.commit_interval_s or starved or burst:
                 await self._kafka(self._commit)
                 last_commit = now
             self._report()

@@ -99,8 +99,9 @@ def host_of(url: str) -> str:
 
 
 def origin_of(url: str) -> str:
-    """``scheme://netloc`` of a canonical URL (which always has a path), without parsing it."""
-    slash = url.find("/", url.find("//") + 2)
+    """``scheme://netloc`` of an absolute URL, without parsing it (the URL if it has no path)."""
+    start = url.find("//")
+    slash = url.find("/", start + 2) if start >= 0 else -1
     return url if slash < 0 else url[:slash]
 
 
@@ -143,9 +144,9 @@ def resolve_link(base: str, href: str) -> str | None:
         return None
     if len(href) <= _CACHED_URL_LENGTH:
         if href[0] == "/" and href[1:2] != "/":
-            slash = base.find("/", base.find("//") + 2) if "//" in base else -1
-            if slash > 0:
-                return _resolve_on_origin(base[:slash], href)
+            origin = origin_of(base)
+            if origin != base:
+                return _resolve_on_origin(origin, href)
         elif href.startswith(("http://", "https://")):
             return _resolve_on_origin("", href)
     return _resolve(base, href)

@@ -13,6 +13,7 @@ from consumers.runtime import Encoder, StopFlag, producer_conf, topology_of
 from consumers.slow_start import SlowStart
 from crawlfleet.config import Settings
 from crawlfleet.urls import dedupe_key
+from producers.frontier import parse_line
 from tests.integration.fleet_helpers import (
     committed_offsets,
     create_all_topics,
@@ -42,11 +43,10 @@ def _publish_results(settings: Settings) -> set[str]:
     producer = Producer(producer_conf(settings, "slow-start-test"))
     keys = set()
     for k in range(PAGES):
-        url = f"http://127.0.0.{2 + k % 4}:8080/p/{k}.html"
-        job = {"url": url, "target": f"127.0.0.{2 + k % 4}", "profile": "default", "depth": 0,
-               "attempt": 0, "parent_url": None, "last_error": None, "priority": 0,
-               "meta": {}, "delay_ms": 0}
-        key = dedupe_key("default", url)
+        job = parse_line(f"http://127.0.0.{2 + k % 4}:8080/p/{k}.html", settings)
+        assert job is not None
+        url = job["url"]
+        key = dedupe_key(job["profile"], url)
         body = f"<html><title>p{k}</title><body>page {k}</body></html>".encode()
         out = enc.record(topology_of(settings).fetched, "FetchResult", job["target"],
                          key.encode(), {"job": job, "final_url": url, "status": 200,
