@@ -331,6 +331,17 @@ class StopFlag:
         return self._event.is_set()
 
 
+#: Status gauges that mean a worker still holds work: a pipeline is drained only when every
+#: worker reports zero for each (jobs in flight, queued in memory, parked on disk, waiting in
+#: the timer store, or partitions held back).
+HOLDING_GAUGES = ("inflight", "queued", "parked", "timers", "held_partitions")
+
+
+def holds_work(gauges: dict[str, Any]) -> dict[str, Any]:
+    """The holding gauges of a status that are non-zero (empty: holds nothing)."""
+    return {k: gauges[k] for k in HOLDING_GAUGES if gauges.get(k)}
+
+
 class StatusFile:
     """Writes a worker's counters to ``status_dir`` so the CLI can show progress and drain."""
 

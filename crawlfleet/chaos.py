@@ -38,7 +38,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 from rich.console import Console
 from rich.table import Table
 
-from consumers.runtime import read_statuses, topology_of
+from consumers.runtime import holds_work, read_statuses, topology_of
 from crawlfleet.config import Settings
 from crawlfleet.crawl import IDLE_S, Fleet, Plan, _calm
 from crawlfleet.errors import InfraError
@@ -498,7 +498,7 @@ def _unsettled(statuses: list[dict[str, Any]], lags: dict[str, int], workers: in
         out.append(f"{len(statuses)} of {workers} status files")
     for st in statuses:
         g = st.get("gauges", {})
-        busy = {k: g[k] for k in ("inflight", "queued", "held_partitions") if g.get(k)}
+        busy = holds_work(g)
         if busy or st.get("idle_s", 0) < IDLE_S:
             out.append(f"{st.get('worker')} idle {st.get('idle_s')}s {busy}")
     return "; ".join(out) or "calm, but not for long enough"

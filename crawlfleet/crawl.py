@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from consumers.runtime import read_statuses, topology_of
+from consumers.runtime import holds_work, read_statuses, topology_of
 from crawlfleet.config import Secret, Settings
 from crawlfleet.errors import InfraError
 from infra import kafka_local
@@ -275,8 +275,7 @@ def _calm(statuses: list[dict[str, Any]], lags: dict[str, int], fleet: Fleet,
         return False
     for s in statuses:
         g = s.get("gauges", {})
-        if s.get("idle_s", 0) < IDLE_S or g.get("inflight") or g.get("queued") \
-                or g.get("held_partitions"):
+        if s.get("idle_s", 0) < IDLE_S or holds_work(g):
             return False
     return all(v == 0 for v in lags.values())
 

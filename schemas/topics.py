@@ -64,6 +64,16 @@ class Topology:
         return f"{self.prefix}crawl.seen"
 
     @property
+    def parked(self) -> str:
+        """Changelog of the fetch stage's parked per-target queues (work beyond a share)."""
+        return f"{self.prefix}crawl.parked"
+
+    @property
+    def timers(self) -> str:
+        """Changelog of the retry stage's timer store (delayed jobs keyed by due time)."""
+        return f"{self.prefix}crawl.timers"
+
+    @property
     def control(self) -> str:
         return f"{self.prefix}crawl.control"
 
@@ -111,6 +121,11 @@ class Topology:
             t(self.seen, "Seen", {"cleanup.policy": "compact,delete",
                                   "retention.ms": str(self.seen_retention_ms),
                                   "min.compaction.lag.ms": "60000"}),
+            # Partition-owned state stores: compacted, never expired (a parked job or a
+            # timer leaves only by its tombstone, written when the job moves on).
+            t(self.parked, "CrawlJob", {"cleanup.policy": "compact"}),
+            t(self.timers, "CrawlJob", {"cleanup.policy": "compact",
+                                        "message.timestamp.type": "LogAppendTime"}),
             t(self.control, "Control", {"cleanup.policy": "compact"}, by_target=False, parts=1),
             t(self.telemetry, "FetchEvent", {"cleanup.policy": "delete", "retention.ms": week}),
         ]

@@ -28,7 +28,7 @@ from aiohttp import web
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from consumers.runtime import topology_of
+from consumers.runtime import holds_work, topology_of
 from crawlfleet.config import Settings
 from crawlfleet.crawl import settings_env
 from infra.clickhouse import PORT_FILE, run_query
@@ -480,8 +480,7 @@ def _all_idle(workers: Workers) -> bool:
         if not s:
             return False
         g = s.get("gauges", {})
-        if s.get("idle_s", 0) < 1.0 or g.get("inflight") or g.get("queued") \
-                or g.get("held_partitions"):
+        if s.get("idle_s", 0) < 1.0 or holds_work(g):
             return False
     return True
 
