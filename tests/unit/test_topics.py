@@ -85,6 +85,16 @@ def test_topic_names_are_unique_and_prefixed() -> None:
     assert Topology().frontier == "crawl.frontier"
 
 
+def test_state_store_changelogs_are_compacted_and_never_expire() -> None:
+    topo = Topology()
+    for name in (topo.parked, topo.timers):
+        spec = topo.spec(name)
+        assert spec.config["cleanup.policy"] == "compact"  # no delete: a job leaves by tombstone
+        assert spec.by_target and spec.record == "CrawlJob"
+    # A timer's due time is measured from the broker's clock, never a worker's.
+    assert topo.spec(topo.timers).config["message.timestamp.type"] == "LogAppendTime"
+
+
 def test_seen_is_compacted() -> None:
     topo = Topology(seen_retention_ms=123_456)
     seen = topo.spec(topo.seen)
