@@ -121,7 +121,7 @@ def test_retry_topics_use_log_append_time() -> None:
         assert spec.config["message.timestamp.type"] == "LogAppendTime"
         assert spec.record == "CrawlJob"
     for spec in topo.specs():
-        if spec.name not in topo.retry_topics:
+        if spec.name not in [*topo.retry_topics, topo.timers]:
             assert "message.timestamp.type" not in spec.config
 
 
