@@ -8,7 +8,9 @@ The content (:class:`SiteSpec`) is pure data, so tests can compute the exact set
 correct crawler must store (:meth:`SiteSpec.expected`) without running a server; the server
 (:class:`DemoSite`) only serves that data and counts what it was asked for.
 
-Run ``python -m infra.demo_site --port 18080`` to serve the small demo site until Ctrl-C.
+Run ``python -m infra.demo_site --port 18080`` to serve the small demo site until Ctrl-C
+(``--bench`` the generated benchmark site, ``--shape NAME`` one of the shapes of
+``bench.shapes_bench``, the skewed one with its rate cap enforced).
 """
 
 from __future__ import annotations
@@ -37,15 +39,22 @@ from protego import Protego
 from w3lib.url import canonicalize_url
 
 __all__ = [
+    "RATE_SLACK_S",
+    "SHAPES",
     "USER_AGENT",
+    "ChainSite",
     "DemoSite",
+    "MixedSite",
     "Page",
+    "ShapeSite",
     "SiteSpec",
+    "SkewedSite",
     "bench_spec",
     "canonical_url",
     "demo_spec",
     "free_port",
     "serve_forever",
+    "shape_spec",
     "with_crawl_delay",
 ]
 
@@ -53,6 +62,9 @@ log = logging.getLogger(__name__)
 
 #: the robots.txt user-agent token the crawler identifies itself with
 USER_AGENT = "crawlfleet"
+
+#: how much shorter than 1 s the window of DemoSite's rate cap is (absorbs arrival jitter)
+RATE_SLACK_S = 0.05
 
 _HTML = "text/html; charset=utf-8"
 _TEXT = "text/plain; charset=utf-8"
@@ -388,6 +400,20 @@ def _mix(x: int) -> int:
     return x ^ (x >> 31)
 
 
+def _filler_variants(target: int, variants: int) -> list[str]:
+    """``variants`` HTML filler blocks of ~``target`` bytes each, to pad generated pages."""
+    out: list[str] = []
+    for v in range(variants):
+        paras, size = [], 0
+        for p in _paragraphs(max(1, target // 300 + 1), 40, v):
+            if size >= target:
+                break
+            paras.append(f"<p>{p}</p>\n")
+            size += len(paras[-1])
+        out.append("".join(paras))
+    return out
+
+
 class _GeneratedSite(SiteSpec):
     """``n`` pages spread round-robin over hosts, generated on demand (no per-page storage).
 
@@ -407,16 +433,9 @@ class _GeneratedSite(SiteSpec):
         self.links_per_page = links_per_page
         self._host_index = {h: i for i, h in enumerate(hosts)}
         # Filler is built once: page generation must stay far cheaper than serving it.
-        self._filler: list[str] = []
-        target = max(0, page_bytes - 600 - 60 * links_per_page)
-        for v in range(self._FILLER_VARIANTS):
-            paras, size = [], 0
-            for p in _paragraphs(max(1, target // 300 + 1), 40, v):
-                if size >= target:
-                    break
-                paras.append(f"<p>{p}</p>\n")
-                size += len(paras[-1])
-            self._filler.append("".join(paras))
+        self._filler = _filler_variants(
+            max(0, page_bytes - 600 - 60 * links_per_page), self._FILLER_VARIANTS
+        )
 
     def _path(self, i: int) -> str:
         return "/" if i < len(self.hosts) else f"/p/{i}.html"
@@ -487,6 +506,289 @@ def bench_spec(
     return _GeneratedSite(host_ips, port, pages, page_bytes, links_per_page)
 
 
+# -- generated benchmark shapes --------------------------------------------------------------------
+
+#: shape names for :func:`shape_spec`, in the order the shapes benchmark runs them
+SHAPES = ("few-large", "mixed-50", "deep-chain", "skewed-polite")
+
+_PRIVATE_ROBOTS = "User-agent: *\nDisallow: /private/\n"
+
+
+def _loopback_hosts(n: int) -> tuple[str, ...]:
+    if not 1 <= n <= 253:
+        raise ValueError(f"hosts must be 1..253, got {n}")
+    return tuple(f"127.0.0.{2 + k}" for k in range(n))
+
+
+class ShapeSite(SiteSpec):
+    """Pages numbered per host and generated on demand: ``/`` is page 0, ``/p/<k>.html`` page k.
+
+    Everything about a page (links, status, a one-off 503) is a pure function of its host's
+    index and its number, so a shape of 20,000 pages is deterministic and costs no memory per
+    page. Subclasses say what a page links to (:meth:`_hrefs`) and which pages fail. Every host
+    also has ``/private/<k>.html`` pages, which robots.txt disallows: a crawler ignoring robots
+    finds real pages there, and the request log shows it.
+    """
+
+    _FILLER_VARIANTS = 32
+
+    def __init__(
+        self,
+        name: str,
+        hosts: tuple[str, ...],
+        port: int,
+        pages_per_host: Iterable[int],
+        page_bytes: int,
+        robots: str | None = _PRIVATE_ROBOTS,
+    ) -> None:
+        super().__init__(hosts, port, dict.fromkeys(hosts, robots))
+        self.name = name
+        self.pages_per_host: tuple[int, ...] = tuple(pages_per_host)
+        if len(self.pages_per_host) != len(hosts) or min(self.pages_per_host) < 1:
+            raise ValueError("need a page count >= 1 for every host")
+        self._host_index = {h: i for i, h in enumerate(hosts)}
+        # ~20 links of ~60 bytes and the page's frame come on top of the filler
+        self._filler = _filler_variants(max(0, page_bytes - 1_500), self._FILLER_VARIANTS)
+
+    @staticmethod
+    def path(k: int) -> str:
+        """Path of page ``k`` on its host."""
+        return "/" if k == 0 else f"/p/{k}.html"
+
+    def page_url(self, h: int, k: int) -> str:
+        """Absolute URL of page ``k`` on ``hosts[h]``."""
+        return self.url(self.hosts[h], self.path(k))
+
+    def all_pages(self) -> list[Page]:
+        """Every numbered page (not the private ones), linked or not: for tests."""
+        out = []
+        for h, host in enumerate(self.hosts):
+            for k in range(self.pages_per_host[h]):
+                page = self._lookup(host, self.path(k))
+                assert page is not None
+                out.append(page)
+        return out
+
+    # -- what subclasses decide ----------------------------------------------------------------
+
+    def _hrefs(self, h: int, k: int) -> list[str]:
+        raise NotImplementedError
+
+    def _status(self, h: int, k: int) -> int:
+        return 200
+
+    def _transient_503s(self, h: int, k: int) -> int:
+        return 0
+
+    # -- lookups -------------------------------------------------------------------------------
+
+    def _rand(self, h: int, k: int, purpose: int) -> int:
+        return _mix((h << 40) ^ (k << 8) ^ purpose)
+
+    def _parse(self, host: str, canonical_path: str) -> tuple[int, int, bool] | None:
+        """(host index, page number, private?) of a canonical path, or None if no such page."""
+        h = self._host_index.get(host)
+        if h is None:
+            return None
+        if canonical_path == "/":
+            return h, 0, False
+        for prefix, private in (("/p/", False), ("/private/", True)):
+            if canonical_path.startswith(prefix) and canonical_path.endswith(".html"):
+                digits = canonical_path[len(prefix) : -5]
+                if not digits.isdigit() or str(int(digits)) != digits:
+                    return None
+                k = int(digits)
+                if k >= self.pages_per_host[h] or (k == 0 and not private):
+                    return None
+                return h, k, private
+        return None
+
+    def _lookup(self, host: str, canonical_path: str) -> Page | None:
+        parsed = self._parse(host, canonical_path)
+        if parsed is None:
+            return None
+        h, k, private = parsed
+        if private:
+            return Page(host, canonical_path, 200, (self.url(host, "/"),), ("/",), f"Private {k}")
+        status = self._status(h, k)
+        if status != 200:  # an error page: no links, so no crawler must parse one to finish
+            return Page(host, canonical_path, status, (), (), f"Error {status}")
+        hrefs = self._hrefs(h, k)
+        return Page(
+            host=host,
+            path=canonical_path,
+            status=200,
+            links=tuple(x if x.startswith("http") else self.url(host, x) for x in hrefs),
+            hrefs=tuple(hrefs),
+            title=f"{self.name} {h}/{k}",
+            transient_503s=self._transient_503s(h, k),
+        )
+
+    def body(self, page: Page) -> bytes:
+        parsed = self._parse(page.host, page.path)
+        h, k = (parsed[0], parsed[1]) if parsed is not None else (0, 0)
+        if page.status != 200:
+            return _render(page.title, (), [f"{page.path} is not here."]).encode()
+        salt = self._rand(h, k, 0)
+        intro = _paragraphs(1, 30, salt % 1_000_003)
+        return _render(
+            page.title, page.hrefs, intro, self._filler[salt % self._FILLER_VARIANTS]
+        ).encode()
+
+
+class MixedSite(ShapeSite):
+    """Many mid-sized hosts with the failures a real crawl meets.
+
+    Page ``k`` of a host links to ``k + 1`` and ``k + 2`` (so everything is reachable past
+    any one 404) and to more pages of its host, 10-20 same-host links in all, plus 1-2 pages
+    of other hosts. About 3% of pages answer 404 (odd ``k`` only, so no two are adjacent;
+    linked, without links), about 3% answer 503 (Retry-After: 1) once before their 200, and
+    about 25% link into ``/private/``, which robots.txt disallows.
+    """
+
+    def _status(self, h: int, k: int) -> int:
+        return 404 if k % 2 == 1 and self._rand(h, k, 1) % 100 < 6 else 200
+
+    def _transient_503s(self, h: int, k: int) -> int:
+        return 1 if self._rand(h, k, 2) % 100 < 3 else 0
+
+    def _hrefs(self, h: int, k: int) -> list[str]:
+        n = self.pages_per_host[h]
+        r = self._rand(h, k, 3)
+        targets = [t for t in (k + 1, k + 2) if t < n]
+        x = r
+        for _ in range(10 + r % 11 - len(targets)):
+            x = _mix(x)
+            targets.append(x % n)
+        hrefs = [self.path(t) for t in targets]
+        others = len(self.hosts) - 1
+        for _ in range(1 + (r >> 8) % 2 if others else 0):
+            x = _mix(x)
+            oh = x % others
+            oh += oh >= h
+            hrefs.append(self.page_url(oh, (x >> 20) % self.pages_per_host[oh]))
+        if (r >> 16) % 4 == 0:
+            hrefs.append(f"/private/{k}.html")
+        return hrefs
+
+
+class ChainSite(ShapeSite):
+    """One long chain across the hosts: the crawl is deep, with little to do at each level.
+
+    Chain page ``i`` is page ``i // H`` of host ``i % H``; it links to ``i + 1``, to ``i + 2``
+    on every third page, and back to ``i - 5`` (already seen), so the breadth-first depth is
+    about three quarters of the page count and each level holds one or two pages.
+    """
+
+    def __init__(self, hosts: tuple[str, ...], port: int, pages: int, page_bytes: int) -> None:
+        n_hosts = len(hosts)
+        if pages < n_hosts:
+            raise ValueError(f"need at least one page per host ({pages=} < {n_hosts})")
+        per_host = [(pages - h + n_hosts - 1) // n_hosts for h in range(n_hosts)]
+        super().__init__("deep-chain", hosts, port, per_host, page_bytes)
+        self.pages = pages
+
+    def chain_url(self, i: int) -> str:
+        """URL of chain page ``i``."""
+        return self.page_url(i % len(self.hosts), i // len(self.hosts))
+
+    def _hrefs(self, h: int, k: int) -> list[str]:
+        i = k * len(self.hosts) + h
+        targets = [i + 1] if i + 1 < self.pages else [0]
+        if i % 3 == 0 and i + 2 < self.pages:
+            targets.append(i + 2)
+        if i >= 5:
+            targets.append(i - 5)
+        return [
+            self.path(j // len(self.hosts)) if j % len(self.hosts) == h else self.chain_url(j)
+            for j in targets
+        ]
+
+
+class SkewedSite(ShapeSite):
+    """One big host beside many small ones, every host capped at ``cap`` requests/s.
+
+    The big host's whole URL list comes first in :meth:`seeds` (as from a sitemap export),
+    then the small hosts' home pages. A small host's home links to all its pages and to one
+    disallowed ``/private/`` page; its pages link home and onwards. A crawler that queues
+    work in seed order meets the big host's backlog before any small host: only one that
+    keeps per-host queues finishes the small hosts in about their own bound.
+    """
+
+    def __init__(
+        self,
+        hosts: tuple[str, ...],
+        port: int,
+        big_pages: int,
+        small_pages: int,
+        page_bytes: int,
+        cap: float,
+    ) -> None:
+        if len(hosts) < 2:
+            raise ValueError("need the big host and at least one small host")
+        if cap <= 0:
+            raise ValueError(f"cap must be > 0, got {cap}")
+        per_host = [big_pages] + [small_pages] * (len(hosts) - 1)
+        super().__init__("skewed-polite", hosts, port, per_host, page_bytes)
+        self.cap = cap
+
+    @property
+    def big_host(self) -> str:
+        return self.hosts[0]
+
+    @property
+    def small_hosts(self) -> tuple[str, ...]:
+        return self.hosts[1:]
+
+    def seeds(self) -> list[str]:
+        if self._seeds is not None:
+            return super().seeds()
+        big = [self.page_url(0, k) for k in range(self.pages_per_host[0])]
+        return big + [self.url(h, "/") for h in self.small_hosts]
+
+    def _hrefs(self, h: int, k: int) -> list[str]:
+        n = self.pages_per_host[h]
+        if h == 0:
+            x = self._rand(h, k, 4)
+            targets = [k + 1 if k + 1 < n else 0]
+            for _ in range(3):
+                x = _mix(x)
+                targets.append(x % n)
+            return [self.path(t) for t in targets]
+        if k == 0:
+            return [*(self.path(t) for t in range(1, n)), "/private/0.html"]
+        return ["/", self.path(k + 1 if k + 1 < n else 1)]
+
+
+def shape_spec(
+    name: str, port: int, scale: float = 1.0, page_bytes: int = 12_000
+) -> SiteSpec:
+    """The shape ``name`` of :data:`SHAPES`, its page counts multiplied by ``scale``.
+
+    * ``few-large``: 2 hosts x 5,000 pages (the throughput site, few targets);
+    * ``mixed-50``: 50 hosts x 400 pages with 404s, one-off 503s and disallowed links;
+    * ``deep-chain``: a 3,000-page chain over 4 hosts (BFS depth ~2,250);
+    * ``skewed-polite``: a 20,000-page host and 200 hosts of 20 pages (small hosts scale in
+      number, not size), all capped at 2 requests/s.
+    """
+    if scale <= 0:
+        raise ValueError(f"scale must be > 0, got {scale}")
+
+    def scaled(n: int, least: int) -> int:
+        return max(least, round(n * scale))
+
+    if name == "few-large":
+        return bench_spec(port, scaled(10_000, 2), 2, page_bytes)
+    if name == "mixed-50":
+        return MixedSite("mixed-50", _loopback_hosts(50), port, [scaled(400, 20)] * 50, page_bytes)
+    if name == "deep-chain":
+        return ChainSite(_loopback_hosts(4), port, scaled(3_000, 40), page_bytes)
+    if name == "skewed-polite":
+        hosts = _loopback_hosts(1 + scaled(200, 2))
+        return SkewedSite(hosts, port, scaled(20_000, 40), 20, page_bytes, cap=2.0)
+    raise ValueError(f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
+
+
 # -- the server ------------------------------------------------------------------------------------
 
 
@@ -512,15 +814,50 @@ class DemoSite:
     """
 
     def __init__(
-        self, spec: SiteSpec, *, crawl_delay: float | None = None, rate_limit_log: bool = False
+        self,
+        spec: SiteSpec,
+        *,
+        crawl_delay: float | None = None,
+        rate_limit_log: bool = False,
+        rate_cap: float | Mapping[str, float] | None = None,
+        rate_enforce: bool = True,
+        rate_slack_s: float = RATE_SLACK_S,
     ) -> None:
+        """``rate_cap`` (requests/s, for every host or per host) makes the site police its
+        visitors: a request that is more than the cap within the past ``1 - rate_slack_s``
+        seconds (itself and every earlier request to the host counted, robots.txt and refused
+        ones too) is a violation, and with ``rate_enforce`` it is answered 429 (Retry-After:
+        1) instead of served. The slack absorbs arrival jitter, so a crawler that spaces its
+        requests exactly ``1 / cap`` apart never trips it.
+        """
+        if not 0 <= rate_slack_s < 1:
+            raise ValueError(f"rate_slack_s must be in [0, 1), got {rate_slack_s}")
         self.spec = spec
         self.crawl_delay = crawl_delay
         self.rate_limit_log = rate_limit_log
+        caps = (
+            dict.fromkeys(spec.hosts, float(rate_cap))
+            if isinstance(rate_cap, int | float)
+            else dict(rate_cap or {})
+        )
+        if any(c <= 0 for c in caps.values()):
+            raise ValueError(f"rate caps must be > 0, got {caps}")
+        #: host -> requests/s the site allows it (hosts not listed are uncapped)
+        self.rate_caps: dict[str, float] = caps
+        self.rate_enforce = rate_enforce
+        self.rate_slack_s = rate_slack_s
         #: "http://host:port/path?query" as requested (query order kept) -> count
         self.requests: collections.Counter[str] = collections.Counter()
         #: (time.monotonic(), host, path?query) per request, in arrival order
         self.request_log: list[tuple[float, str, str]] = []
+        #: the status answered to each request of ``request_log``, same order
+        self.statuses: list[int] = []
+        #: host -> requests over its rate cap (see ``rate_cap``)
+        self.rate_violations: collections.Counter[str] = collections.Counter()
+        #: host -> requests answered 429
+        self.rate_limited: collections.Counter[str] = collections.Counter()
+        # host -> arrival times within the cap's window; touched by the server thread only
+        self._windows: dict[str, deque[float]] = {h: deque() for h in caps}
         self._transient: collections.Counter[str] = collections.Counter()
         # Guards requests/request_log so a test thread can snapshot them mid-crawl.
         self._lock = threading.Lock()
@@ -619,17 +956,54 @@ class DemoSite:
         self, host: str
     ) -> collections.abc.Callable[[web.BaseRequest], collections.abc.Awaitable[web.Response]]:
         prefix = f"http://{host}:{self.spec.port}"
-        spec = self.spec
         requests = self.requests
         request_log = self.request_log
-        robots = self._robots[host]
+        statuses = self.statuses
         lock = self._lock
+        window = self._windows.get(host)
+        cap = self.rate_caps.get(host, 0.0)
+        span = 1.0 - self.rate_slack_s
+        enforce = self.rate_enforce
+        respond = self._responder(host)
 
         async def handle(request: web.BaseRequest) -> web.Response:
+            # No await from arrival to the log entry: entries keep arrival order, and each
+            # request's status lands beside it.
             raw = request.raw_path
+            now = time.monotonic()
+            over = False
+            if window is not None:
+                while window and window[0] <= now - span:
+                    window.popleft()
+                window.append(now)
+                over = len(window) > cap
+            if over and enforce:
+                response = web.Response(
+                    status=429,
+                    body=b"<html><head><title>Slow down</title></head><body>429</body></html>",
+                    headers={"Content-Type": _HTML, "Retry-After": "1"},
+                )
+            else:
+                response = respond(raw)
             with lock:
                 requests[prefix + raw] += 1
-                request_log.append((time.monotonic(), host, raw))
+                request_log.append((now, host, raw))
+                statuses.append(response.status)
+                if over:
+                    self.rate_violations[host] += 1
+                if response.status == 429:
+                    self.rate_limited[host] += 1
+            return response
+
+        return handle
+
+    def _responder(self, host: str) -> collections.abc.Callable[[str], web.Response]:
+        """What ``host`` answers to a request for ``raw`` (path?query), rate caps aside."""
+        prefix = f"http://{host}:{self.spec.port}"
+        spec = self.spec
+        robots = self._robots[host]
+
+        def respond(raw: str) -> web.Response:
             if raw.partition("?")[0] == "/robots.txt":
                 if robots is None:
                     return web.Response(
@@ -652,7 +1026,7 @@ class DemoSite:
                 status=page.status, body=spec.body(page), headers={"Content-Type": _HTML}
             )
 
-        return handle
+        return respond
 
     async def _log_rates(self) -> None:
         """Once a second, log each host's request count over the past second."""
@@ -692,11 +1066,48 @@ class DemoSite:
             best = max(best, hi - lo + 1)
         return best
 
+    def log_with_statuses(self, start: int = 0) -> list[tuple[float, str, str, int]]:
+        """``(time, host, path?query, status answered)`` per request from the ``start``-th on.
+
+        Safe while a crawl runs; a watcher passes the count it has already seen.
+        """
+        with self._lock:
+            return [
+                (t, h, raw, status)
+                for (t, h, raw), status in zip(
+                    self.request_log[start:], self.statuses[start:], strict=True
+                )
+            ]
+
+    def violations(self, host: str | None = None) -> int:
+        """Requests over their host's rate cap, in total or for ``host``."""
+        with self._lock:
+            if host is None:
+                return sum(self.rate_violations.values())
+            return self.rate_violations[host]
+
     def reset(self) -> None:
-        """Forget all requests and transient-failure state, as a fresh server would."""
+        """Forget all requests, rate and transient-failure state, as a fresh server would."""
         with self._lock:
             self.requests.clear()
             self.request_log.clear()
+            self.statuses.clear()
+            self.rate_violations.clear()
+            self.rate_limited.clear()
+        if self._loop is not None and self._windows:
+            # the windows belong to the server thread
+            done = threading.Event()
+
+            def clear() -> None:
+                for w in self._windows.values():
+                    w.clear()
+                done.set()
+
+            self._loop.call_soon_threadsafe(clear)
+            done.wait(5)
+        else:
+            for w in self._windows.values():
+                w.clear()
         self._transient.clear()
 
 
@@ -734,14 +1145,14 @@ def free_port(
     raise OSError(f"no free port in {start}..{start + 2000} on {hosts}")
 
 
-def serve_forever(spec: SiteSpec) -> None:
+def serve_forever(spec: SiteSpec, rate_cap: float | None = None) -> None:
     """Serve ``spec`` until SIGINT or SIGTERM: for demos and manual crawls."""
     stop = threading.Event()
     previous = {
         sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
     }
     try:
-        with DemoSite(spec, rate_limit_log=True):
+        with DemoSite(spec, rate_limit_log=True, rate_cap=rate_cap):
             lines = [
                 f"demo site listening on {len(spec.hosts)} hosts, port {spec.port}; seeds:",
                 *(f"  {s}" for s in spec.seeds()),
@@ -761,8 +1172,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bench", action="store_true", help="serve the generated bench site")
     parser.add_argument("--pages", type=int, default=10_000)
     parser.add_argument("--hosts", type=int, default=8, help="host count for --bench")
+    parser.add_argument("--shape", choices=SHAPES, help="serve a benchmark shape instead")
+    parser.add_argument("--scale", type=float, default=1.0, help="page-count scale for --shape")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.shape:
+        spec = shape_spec(args.shape, args.port, args.scale)
+        serve_forever(spec, rate_cap=spec.cap if isinstance(spec, SkewedSite) else None)
+        return
     spec = bench_spec(args.port, args.pages, args.hosts) if args.bench else demo_spec(args.port)
     serve_forever(spec)
 

@@ -23,10 +23,14 @@ from selectolax.lexbor import LexborHTMLParser
 from infra.demo_site import (
     USER_AGENT,
     DemoSite,
+    Page,
+    ShapeSite,
+    SiteSpec,
     bench_spec,
     canonical_url,
     demo_spec,
     free_port,
+    shape_spec,
     with_crawl_delay,
 )
 
@@ -338,3 +342,110 @@ def test_cli_serves_until_sigterm(port: int) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# -- rate enforcement and the benchmark shapes ----------------------------------------------------
+
+
+async def _burst(urls: list[str]) -> list[tuple[int, str | None]]:
+    """GET ``urls`` one after another on one session, as fast as the loop allows."""
+    out = []
+    async with aiohttp.ClientSession() as session:
+        for url in urls:
+            async with session.get(url) as r:
+                await r.read()
+                out.append((r.status, r.headers.get("Retry-After")))
+    return out
+
+
+def test_rate_cap_answers_429_over_the_cap_and_counts_it(port: int) -> None:
+    a, b = (f"http://{h}:{port}" for h in HOSTS[:2])
+    with DemoSite(demo_spec(port, HOSTS), rate_cap=2) as site:
+        got = asyncio.run(
+            _burst([f"{a}/robots.txt", f"{a}/", f"{a}/about.html", f"{a}/", f"{b}/"])
+        )
+        # robots.txt counts against the cap; the third and fourth request within 1 s are over
+        assert [s for s, _ in got] == [200, 200, 429, 429, 200]
+        assert got[2][1] == "1"  # Retry-After
+        assert site.rate_violations == {HOSTS[0]: 2}
+        assert site.rate_limited == {HOSTS[0]: 2}
+        assert site.violations() == 2
+        assert site.violations(HOSTS[1]) == 0
+        # refused requests are logged too, each beside the status it got
+        assert [(raw, st) for _, _, raw, st in site.log_with_statuses()] == [
+            ("/robots.txt", 200),
+            ("/", 200),
+            ("/about.html", 429),
+            ("/", 429),
+            ("/", 200),
+        ]
+        assert site.log_with_statuses(4) == site.log_with_statuses()[4:]
+        time.sleep(1.0)
+        assert asyncio.run(_burst([f"{a}/team.html"]))[0][0] == 200  # the window has passed
+        site.reset()
+        assert site.violations() == 0
+        assert not site.statuses
+        assert not site.rate_limited
+        assert [s for s, _ in asyncio.run(_burst([f"{a}/", f"{a}/"]))] == [200, 200]
+
+
+def test_rate_cap_spares_requests_spaced_at_the_cap(port: int) -> None:
+    a = f"http://{HOSTS[0]}:{port}"
+
+    async def spaced() -> list[int]:
+        out = []
+        async with aiohttp.ClientSession() as session:
+            for _ in range(5):
+                async with session.get(f"{a}/") as r:
+                    out.append(r.status)
+                await asyncio.sleep(0.5)
+        return out
+
+    with DemoSite(demo_spec(port, HOSTS), rate_cap={HOSTS[0]: 2.0}) as site:
+        assert asyncio.run(spaced()) == [200] * 5
+        assert site.violations() == 0
+
+
+def test_rate_cap_can_count_without_refusing(port: int) -> None:
+    a = f"http://{HOSTS[2]}:{port}"
+    with DemoSite(demo_spec(port, HOSTS), rate_cap=1, rate_enforce=False) as site:
+        got = asyncio.run(_burst([f"{a}/", f"{a}/about.html", f"{a}/team.html"]))
+        assert [s for s, _ in got] == [200, 200, 200]
+        assert site.rate_violations == {HOSTS[2]: 2}
+        assert not site.rate_limited
+    with pytest.raises(ValueError, match="rate caps"):
+        DemoSite(demo_spec(port, HOSTS), rate_cap=0)
+
+
+def test_mixed_shape_serves_its_404s_and_503s_once_per_server() -> None:
+    spec0 = shape_spec("mixed-50", 0, scale=0.05)
+    port = free_port(spec0.hosts, start=18380)
+    spec = shape_spec("mixed-50", port, scale=0.05)
+    flaky = next(p for h in spec.hosts for p in _pages_of(spec, h) if p.transient_503s)
+    gone = next(p for h in spec.hosts for p in _pages_of(spec, h) if p.status == 404)
+    with DemoSite(spec) as site:
+        first, again = (get(spec.url(flaky.host, flaky.path)) for _ in range(2))
+        assert (first[0], again[0]) == (503, 200)
+        assert first[1]["Retry-After"] == "1"
+        status, _, body = get(spec.url(gone.host, gone.path))
+        assert status == 404
+        assert "<a " not in body
+        assert [st for *_, st in site.log_with_statuses()] == [503, 200, 404]
+
+
+def _pages_of(spec: SiteSpec, host: str) -> list[Page]:
+    assert isinstance(spec, ShapeSite)
+    return [p for p in spec.all_pages() if p.host == host]
+
+
+@pytest.mark.parametrize(("shape", "scale"), [("mixed-50", 0.05), ("deep-chain", 0.02)])
+def test_reference_crawl_of_small_shapes_matches_expected(shape: str, scale: float) -> None:
+    spec0 = shape_spec(shape, 0, scale=scale)
+    port = free_port(spec0.hosts, start=18480)
+    spec = shape_spec(shape, port, scale=scale)
+    with DemoSite(spec) as site:
+        got = asyncio.run(
+            _reference_crawl(spec.seeds(), {f"{h}:{port}" for h in spec.hosts}, retry_503=True)
+        )
+        assert got == spec.expected()
+        assert not any("/private/" in u for u in site.requests)
