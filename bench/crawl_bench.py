@@ -195,43 +195,65 @@ def crawlfleet_command(override: str | None) -> list[str] | None:
     return None
 
 
+def crawlfleet_argv(
+    command: list[str], seeds: Path, summary: Path, data_dir: Path, extra_args: list[str]
+) -> list[str]:
+    """``crawlfleet crawl`` as the benchmarks run it: uncapped unless ``extra_args`` set
+    ``--rate-cap`` again (a click option given twice takes its last value)."""
+    return [
+        *command,
+        "crawl",
+        str(seeds),
+        "--allow-private",
+        "--rate-cap",
+        "100000",
+        "--scope",
+        "seeds",
+        "--summary-json",
+        str(summary),
+        "--data-dir",
+        str(data_dir),
+        *extra_args,
+    ]
+
+
+def crawlfleet_env(concurrency: int | None = None) -> dict[str, str]:
+    """The environment of a benchmark crawl; ``concurrency`` caps the fetch stage's requests
+    in flight, as the peers' is capped."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    if concurrency is not None:
+        env["CRAWLFLEET_MAX_INFLIGHT"] = str(concurrency)
+    return env
+
+
 def run_crawlfleet(
     command: list[str],
     spec: SiteSpec,
     extra_args: list[str],
     timeout: float,
     concurrency: int | None = None,
+    output: Path | None = None,
 ) -> tuple[PeerResult, TreeMemorySampler]:
     """Run ``crawlfleet crawl`` on the site's seeds; its summary JSON gives pages and time.
 
-    ``concurrency`` caps the fetch stage's requests in flight, as the peers' is capped.
+    ``concurrency`` caps the fetch stage's requests in flight, as the peers' is capped;
+    ``output`` (if given) takes the crawl's progress and summary instead of the terminal.
     """
     with tempfile.TemporaryDirectory(prefix="bench-crawlfleet-") as tmp:
         seeds = Path(tmp, "seeds.txt")
         seeds.write_text("\n".join(spec.seeds()) + "\n")
         summary = Path(tmp, "summary.json")
-        argv = [
-            *command,
-            "crawl",
-            str(seeds),
-            "--allow-private",
-            "--rate-cap",
-            "100000",
-            "--scope",
-            "seeds",
-            "--summary-json",
-            str(summary),
-            "--data-dir",
-            str(Path(tmp, "data")),
-            *extra_args,
-        ]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-        if concurrency is not None:
-            env["CRAWLFLEET_MAX_INFLIGHT"] = str(concurrency)
+        argv = crawlfleet_argv(command, seeds, summary, Path(tmp, "data"), extra_args)
+        env = crawlfleet_env(concurrency)
         started = time.perf_counter()
         # Its own session, so a timeout can end the whole tree it started, and only that.
-        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, start_new_session=True)
+        out = output.open("ab") if output is not None else None
+        proc = subprocess.Popen(
+            argv, cwd=REPO_ROOT, env=env, start_new_session=True, stdout=out, stderr=out
+        )
+        if out is not None:
+            out.close()  # the child holds its own copy
         sampler = TreeMemorySampler(proc.pid)
         sampler.start()
         try:

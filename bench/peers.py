@@ -3,7 +3,8 @@
 * ``scrapy``: a CrawlSpider as a Scrapy user would write it (stock settings apart from
   concurrency, robots on, items discarded).
 * ``bare``: the least a crawler can do in Python: an asyncio + aiohttp BFS loop with a
-  ``set`` for dedupe, selectolax for links and protego for robots.txt; the speed ceiling.
+  ``set`` for dedupe, selectolax for links and protego for robots.txt, asking again after a
+  429 or 503; the speed ceiling.
 
 Each runs in its own subprocess (``python -m bench.peers KIND ...``) so its peak RSS is its
 own and a crash or leak cannot skew the next run. Both do the same per-page work: read the
@@ -82,9 +83,52 @@ def run_scrapy(
     return _run_child("scrapy", seeds, allowed_hosts, concurrency, extra, timeout)
 
 
-def run_bare_aiohttp(seeds: list[str], allowed_hosts: list[str], concurrency: int) -> PeerResult:
-    """Crawl with a bare asyncio + aiohttp loop in a subprocess; see :func:`_bare_crawl`."""
-    return _run_child("bare", seeds, allowed_hosts, concurrency, [])
+def run_bare_aiohttp(
+    seeds: list[str], allowed_hosts: list[str], concurrency: int, host_interval: float = 0.0
+) -> PeerResult:
+    """Crawl with a bare asyncio + aiohttp loop in a subprocess; see :func:`_bare_crawl`.
+
+    ``host_interval`` > 0 spaces its requests to each host that many seconds apart.
+    """
+    return _run_child("bare", seeds, allowed_hosts, concurrency, bare_args(host_interval))
+
+
+def bare_args(host_interval: float = 0.0) -> list[str]:
+    """Extra child arguments for the bare loop."""
+    return ["--host-interval", f"{host_interval:g}"] if host_interval > 0 else []
+
+
+def peer_command(
+    kind: str,
+    seeds_file: Path,
+    allowed_hosts: Sequence[str],
+    concurrency: int,
+    out: Path,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The argv of a peer child (``python -m bench.peers KIND ...``)."""
+    return [
+        sys.executable,
+        "-m",
+        "bench.peers",
+        kind,
+        "--seeds-file",
+        str(seeds_file),
+        "--allowed-hosts",
+        ",".join(allowed_hosts),
+        "--concurrency",
+        str(concurrency),
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def peer_env() -> dict[str, str]:
+    """The environment of a peer child: this one, with the repo importable."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return env
 
 
 def _run_child(
@@ -99,23 +143,8 @@ def _run_child(
         seeds_file = Path(tmp, "seeds.txt")
         seeds_file.write_text("\n".join(seeds) + "\n")
         out = Path(tmp, "result.json")
-        cmd = [
-            sys.executable,
-            "-m",
-            "bench.peers",
-            kind,
-            "--seeds-file",
-            str(seeds_file),
-            "--allowed-hosts",
-            ",".join(allowed_hosts),
-            "--concurrency",
-            str(concurrency),
-            "--out",
-            str(out),
-            *extra,
-        ]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        cmd = peer_command(kind, seeds_file, allowed_hosts, concurrency, out, extra)
+        env = peer_env()
         started = time.perf_counter()
         # Popen + os.wait4 (not subprocess.run) gives this one child's own rusage, so its peak
         # RSS is measured by the kernel rather than by the child about itself.
@@ -229,8 +258,13 @@ def _scrapy_crawl(
 # -- child: bare aiohttp ---------------------------------------------------------------------------
 
 
+#: how often the bare loop asks again after a 429 or 503, and the longest Retry-After it waits
+_BARE_RETRIES = 3
+_BARE_MAX_RETRY_AFTER_S = 10.0
+
+
 async def _bare_crawl_async(
-    seeds: list[str], allowed_hosts: list[str], concurrency: int
+    seeds: list[str], allowed_hosts: list[str], concurrency: int, host_interval: float = 0.0
 ) -> dict[str, Any]:
     import aiohttp
     from protego import Protego
@@ -252,10 +286,24 @@ async def _bare_crawl_async(
     connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency)
     timeout = aiohttp.ClientTimeout(total=60)
     headers = {"User-Agent": USER_AGENT}
+    next_slot: dict[str, float] = {}
+    loop = asyncio.get_running_loop()
+
+    async def pace(origin: str) -> None:
+        """Wait for ``origin``'s next request slot (``host_interval`` apart), if spaced."""
+        if host_interval <= 0:
+            return
+        now = loop.time()
+        at = max(now, next_slot.get(origin, now))
+        next_slot[origin] = at + host_interval
+        if at > now:
+            await asyncio.sleep(at - now)
+
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as http:
 
         async def fetch_robots(origin: str) -> Any:
             try:
+                await pace(origin)
                 async with http.get(origin + "/robots.txt") as r:
                     return Protego.parse(await r.text()) if r.status == 200 else None
             except aiohttp.ClientError:
@@ -273,10 +321,18 @@ async def _bare_crawl_async(
                     rp = await robots[origin]
                     if rp is not None and not rp.can_fetch(url, USER_AGENT):
                         continue
-                    async with http.get(url) as resp:
-                        body = await resp.read()
-                        status = resp.status
-                        ctype = resp.headers.get("Content-Type", "")
+                    for attempt in range(_BARE_RETRIES + 1):
+                        await pace(origin)
+                        async with http.get(url) as resp:
+                            body = await resp.read()
+                            status = resp.status
+                            ctype = resp.headers.get("Content-Type", "")
+                            retry_after = resp.headers.get("Retry-After", "")
+                        if status not in (429, 503) or attempt == _BARE_RETRIES:
+                            break
+                        # the least a crawler must do: ask again once the server says
+                        delay = float(retry_after) if retry_after.isdigit() else 1.0
+                        await asyncio.sleep(min(delay, _BARE_MAX_RETRY_AFTER_S))
                     statuses[status] += 1
                     if "html" not in ctype:
                         continue
@@ -316,9 +372,12 @@ async def _bare_crawl_async(
     }
 
 
-def _bare_crawl(seeds: list[str], allowed_hosts: list[str], concurrency: int) -> dict[str, Any]:
-    """The bare loop: fetch, parse, dedupe with a set, obey robots; nothing else."""
-    return asyncio.run(_bare_crawl_async(seeds, allowed_hosts, concurrency))
+def _bare_crawl(
+    seeds: list[str], allowed_hosts: list[str], concurrency: int, host_interval: float = 0.0
+) -> dict[str, Any]:
+    """The bare loop: fetch, parse, dedupe with a set, obey robots, ask again after a 429 or
+    503 (Retry-After); nothing else. ``host_interval`` > 0 spaces requests per host."""
+    return asyncio.run(_bare_crawl_async(seeds, allowed_hosts, concurrency, host_interval))
 
 
 # -- child entry point -----------------------------------------------------------------------------
@@ -332,6 +391,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--settings-json", help="Scrapy settings (JSON object)")
     parser.add_argument("--name", default="scrapy", help="name reported for this peer")
+    parser.add_argument(
+        "--host-interval", type=float, default=0.0, help="bare: seconds between requests per host"
+    )
     parser.add_argument("--out", type=Path, help="write the result JSON here, else stdout")
     args = parser.parse_args(argv)
     seeds = [s.strip() for s in args.seeds_file.read_text().splitlines() if s.strip()]
@@ -344,7 +406,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         result = _scrapy_crawl(seeds, hosts, settings, args.name)
     else:
-        result = _bare_crawl(seeds, hosts, args.concurrency)
+        result = _bare_crawl(seeds, hosts, args.concurrency, args.host_interval)
     result["self_peak_rss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     text = json.dumps(result)
     if args.out:

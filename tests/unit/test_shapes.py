@@ -153,3 +153,30 @@ def test_shape_lookups_accept_only_canonical_page_numbers() -> None:
     assert spec.page("127.0.0.2", "/p/x.html") is None
     assert spec.page("127.0.0.99", "/") is None
     assert spec.page("127.0.0.2", "/p/5.html#frag") == spec.page("127.0.0.2", "/p/5.html")
+
+
+def test_shapes_bench_referee_counts_deferrals_refetches_and_disallowed() -> None:
+    from bench.shapes_bench import referee
+
+    spec = shape_spec("mixed-50", PORT, scale=0.05)
+    exp = spec.expected()
+    log = []
+    for t, url in enumerate(exp):
+        host = _host(url)
+        log.append((float(t), host, url[len(spec.url(host, "")) :], exp[url]))
+    assert referee(spec, exp, log).exact
+    h = spec.hosts[0]
+    bad = [
+        *log,
+        (1e6, h, "/robots.txt", 200),
+        (1e6, h, "/", 503),  # a deferral: asked again later, not a refetch
+        (1e6, h, "/", 429),
+        (1e6, h, "/?", 200),  # the home page again, spelled otherwise
+        (1e6, h, "/private/3.html", 200),
+    ]
+    ref = referee(spec, exp, bad)
+    assert (ref.served, ref.expected) == (len(exp), len(exp))
+    assert (ref.deferred, ref.refetched, ref.unexpected, ref.disallowed) == (2, 1, 1, 1)
+    assert ref.robots == 1
+    assert not ref.exact
+    assert referee(spec, exp, log[1:]).served == len(exp) - 1
