@@ -13,10 +13,20 @@ from enum import Enum
 
 #: Statuses worth another try later, with the back-off they imply.
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524})
-#: Statuses that mean "the site pushes back": defer the whole target, not just the job.
-PUSHBACK_STATUSES = frozenset({429, 503})
+#: Statuses that block us unless configured otherwise (``block_statuses``).
+DEFAULT_BLOCK_STATUSES = frozenset({403})
 BASE_BACKOFF_S = 2.0
 MAX_BACKOFF_S = 600.0
+
+
+class Signal(Enum):
+    """What one finished request says about its target (see ``consumers.adaptive``)."""
+
+    OK = "ok"  # a definitive answer: 2xx, 404 ...
+    ERROR = "error"  # 5xx, timeout, connection error: the site may be struggling
+    BLOCKED = "blocked"  # 403 and the configured block statuses: the site pushes back
+    THROTTLED = "throttled"  # 429: the site asks for fewer requests
+    NEUTRAL = "neutral"  # says nothing about the site (robots.txt, our own refusal)
 
 
 class Verdict(Enum):
@@ -29,28 +39,39 @@ class Verdict(Enum):
 class Outcome:
     verdict: Verdict
     reason: str
-    wait_s: float = 0.0  # how long the target should rest (Retry-After or back-off)
-    pushback: bool = False
+    delay_s: float = 0.0  # how long this job waits before its next attempt
+    signal: Signal = Signal.OK  # what the answer says about the target
+    retry_after_s: float | None = None  # the site's own Retry-After: rest the target
+
+    @property
+    def blocked(self) -> bool:
+        return self.signal is Signal.BLOCKED
 
 
 def classify_status(status: int, retry_after: str | None, attempt: int,
-                    now: datetime | None = None) -> Outcome:
-    """What to do with a response of ``status`` on attempt number ``attempt`` (0-based)."""
+                    now: datetime | None = None,
+                    block_statuses: frozenset[int] = DEFAULT_BLOCK_STATUSES) -> Outcome:
+    """What to do with a response of ``status`` on attempt number ``attempt`` (0-based).
+
+    A block status is stored (it is the site's answer for that URL) but never counts as a
+    success; a retryable status retries the job only, after its own back-off: the target as
+    a whole is slowed by the signal, and rested only for a Retry-After or repeated errors.
+    """
     if not 100 <= status <= 599:
-        return Outcome(Verdict.DEAD, "bad_status")
+        return Outcome(Verdict.DEAD, "bad_status", signal=Signal.ERROR)
     if 200 <= status <= 299:
         return Outcome(Verdict.STORE, "ok")
-    if status in RETRY_STATUSES:
+    if status in block_statuses:
+        return Outcome(Verdict.STORE, f"http_{status}", signal=Signal.BLOCKED)
+    if status in RETRY_STATUSES or 500 <= status <= 599:
         wait = parse_retry_after(retry_after, now) if retry_after else None
-        if wait is None:
-            wait = backoff(attempt)
-        return Outcome(Verdict.RETRY, f"http_{status}", wait, status in PUSHBACK_STATUSES)
+        return Outcome(Verdict.RETRY, f"http_{status}",
+                       wait if wait is not None else backoff(attempt),
+                       Signal.THROTTLED if status == 429 else Signal.ERROR, wait)
     if 400 <= status <= 499:
-        return Outcome(Verdict.STORE, f"http_{status}", pushback=status == 403)
-    if 500 <= status <= 599:
-        return Outcome(Verdict.RETRY, f"http_{status}", backoff(attempt))
+        return Outcome(Verdict.STORE, f"http_{status}")
     # 1xx/3xx reaching here: redirects are followed by the fetcher; anything else is odd.
-    return Outcome(Verdict.DEAD, f"unexpected_{status}")
+    return Outcome(Verdict.DEAD, f"unexpected_{status}", signal=Signal.ERROR)
 
 
 def backoff(attempt: int) -> float:

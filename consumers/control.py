@@ -20,6 +20,9 @@ from crawlfleet.errors import DecodeError
 from schemas.codec import Codec, HeadersIn
 
 GLOBAL_PAUSE = "pause:*"
+#: Keys of the parked backlog a fetch worker reports per frontier partition it owns; the
+#: frontier bound counts parked jobs as not yet fetched.
+BACKLOG_PREFIX = "backlog:parked:"
 
 
 def pause_key(target: str | None) -> str:
@@ -30,6 +33,10 @@ def cap_key(target: str) -> str:
     return f"cap:{target}"
 
 
+def backlog_key(partition: int) -> str:
+    return f"{BACKLOG_PREFIX}p{partition}"
+
+
 @dataclass
 class ControlState:
     """The settings in force, folded from control records in topic order: pure logic."""
@@ -37,9 +44,21 @@ class ControlState:
     paused: bool = False
     paused_targets: set[str] = field(default_factory=set)
     caps: dict[str, float] = field(default_factory=dict)
-    version: int = 0  # bumped on every change, so readers can notice cheaply
+    backlog: dict[str, int] = field(default_factory=dict)  # parked jobs per partition
+    version: int = 0  # bumped on every change of a setting, so readers can notice cheaply
+
+    @property
+    def parked(self) -> int:
+        return sum(self.backlog.values())
 
     def apply(self, key: str, value: dict[str, Any] | None) -> None:
+        if key.startswith(BACKLOG_PREFIX):  # a figure, not a setting: no version bump
+            count = value.get("value") if value is not None else None
+            if count:
+                self.backlog[key] = int(count)
+            else:
+                self.backlog.pop(key, None)
+            return
         self.version += 1
         if key == GLOBAL_PAUSE:
             self.paused = value is not None and value.get("kind") == "pause"

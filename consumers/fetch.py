@@ -2,34 +2,46 @@
 
 One asyncio loop runs many fetches at once; one dedicated thread makes every Kafka call
 (poll, rebalance callbacks, transactional commits), so callbacks and commits never
-overlap. Jobs queue per target in a :class:`TargetScheduler` (rate cap, Crawl-delay,
-Retry-After), so a deferred target never blocks its partition. Completed work, its dedupe
-state and the safe input offsets commit together in one transaction.
+overlap. This module only wires the parts:
+
+- :class:`Ledger` — epochs, offsets, dedupe holders, what each transaction carries;
+- :class:`TargetScheduler` — per-target queues, rate (cap, Crawl-delay, slowdown),
+  deferrals and in-flight limits, so a slow or deferred target never blocks another;
+- :class:`TargetHealth` — adaptive back-off: errors slow a target, never halt it alone;
+- :class:`ParkedQueues` — a target's work beyond its memory share, parked on disk in
+  order, so a big target cannot fill the worker and starve the others;
+- :class:`OutcomeRules` — a response or error → records and the target's signal.
+
+Completed work, its dedupe state, parked-queue changes and the safe input offsets commit
+together in one transaction.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
-import aiohttp
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from consumers.classify import Verdict, classify_status
-from consumers.control import ControlReader
-from consumers.http_fetch import HTTP_LIB_VERSION, TLS_LIB_VERSION, Fetcher, Response
-from consumers.offsets import OffsetTracker
+from consumers.adaptive import TargetHealth
+from consumers.classify import Signal
+from consumers.control import ControlReader, backlog_key
+from consumers.http_fetch import Fetcher
+from consumers.ledger import Ledger, Pending, StoreChange
+from consumers.outcomes import OutcomeRules, Result
 from consumers.pacer import Pacer
-from consumers.robots import UNREACHABLE_RETRY_S, RobotsRules, rules_from_response
+from consumers.parking import ParkedQueues, encode_job, park_key, share_of
+from consumers.robots import UNREACHABLE_RETRY_S
+from consumers.robots_cache import RobotsCache
 from consumers.runtime import (
     Encoder,
     FencedError,
@@ -45,10 +57,10 @@ from consumers.runtime import (
     worker_name,
 )
 from consumers.scheduler import TargetScheduler
-from consumers.seen import DEAD, DONE, RETRYING, SeenStore
+from consumers.seen import SeenStore
 from consumers.slow_start import SlowStart
+from consumers.state_store import StateStore
 from consumers.windows import parse_windows, seconds_until_open
-from crawlfleet import __version__
 from crawlfleet.config import Settings
 from crawlfleet.errors import (
     CrawlfleetError,
@@ -57,27 +69,17 @@ from crawlfleet.errors import (
     KafkaStageError,
     RobotsDisallowedError,
 )
-from crawlfleet.urls import canonicalize, dedupe_key, origin_of
-from schemas.topics import RETRY_DELAYS_S
+from crawlfleet.urls import canonicalize, dedupe_key
+from schemas.codec import Codec
+from schemas.topics import partition_for
 
 log = logging.getLogger("crawlfleet.fetch")
 R = TypeVar("R")
 TP = tuple[str, int]
-FETCHER_VERSION = f"crawlfleet-fetch/{__version__}"
-#: A target deferred at least this long has its queued jobs moved to a retry tier.
+#: A target deferred at least this long sends its queued jobs to disk until it may go again.
 SPILL_AFTER_S = 10.0
-
-
-@dataclass
-class Pending:
-    """A job between admission and completion, tagged with its partition's epoch."""
-
-    tp: TP
-    offset: int
-    epoch: int
-    job: dict[str, Any]
-    key: str
-    allowed_by: RobotsRules | None = None  # rules already checked at dispatch: allowed
+#: A worker out of queued jobs hands its results on this often, not on the full interval.
+_STARVED_COMMIT_S = 0.1
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -115,9 +117,19 @@ class FetchStage:
     async def _session(self) -> None:
         await _Session(self).run()
 
+    def state_dir(self, store: str) -> Path:
+        return self.s.data_dir / store / (self.s.topic_prefix.rstrip(".") or "default") \
+            / self.worker
 
-# A worker out of queued jobs hands its results on this often, not on the full interval.
-_STARVED_COMMIT_S = 0.1
+
+def _parked_transform(codec: Codec) -> Callable[[Message], bytes | None]:
+    """Changelog record (Avro CrawlJob) → the parked store's bytes (compact JSON)."""
+    def transform(msg: Message) -> bytes | None:
+        try:
+            return encode_job(codec.decode("CrawlJob", msg.value(), msg.headers()))
+        except DecodeError:
+            return None
+    return transform
 
 
 class _Session:
@@ -126,27 +138,22 @@ class _Session:
     def __init__(self, stage: FetchStage) -> None:
         self.st = stage
         self.s = stage.s
+        self.topo = stage.topology
         self.enc = stage.encoder
         self.status = stage.status
-        self.lock = threading.Lock()
         self.kx = ThreadPoolExecutor(1, thread_name_prefix="kafka")
-        self.sched: TargetScheduler[Pending] = TargetScheduler(self._base_interval)
-        self.seen = SeenStore(self.s.data_dir / "seen" / (self.s.topic_prefix.rstrip(".")
-                                                          or "default") / stage.worker)
-        self.trackers: dict[TP, OffsetTracker] = {}
-        self.epochs: dict[TP, int] = {}
-        self.completed: list[Output] = []
-        # Dedupe state not yet committed (pending) or being committed: it reaches the seen
-        # store only after its transaction commits, so the store never holds aborted state.
-        self.pending_seen: dict[tuple[int, str], tuple[str, int]] = {}
-        self.committing_seen: dict[tuple[int, str], tuple[str, int]] = {}
-        # Dedupe key -> (partition, epoch) of the job holding it. A holder from an older
-        # epoch (its partition was revoked, maybe re-assigned) does not count: the
-        # redelivered copy must run, or the job would be lost.
-        self.inflight: dict[str, tuple[TP, int, int]] = {}
-        self.robots: dict[str, RobotsRules] = {}
-        self.robots_expiry: dict[str, float] = {}
-        self.robots_pending: dict[str, asyncio.Future[RobotsRules]] = {}
+        self.ledger = Ledger()
+        self.rules = OutcomeRules(self.s, self.topo, self.enc, stage.worker)
+        self.sched: TargetScheduler[Pending] = TargetScheduler(
+            self._base_interval, limit=self.s.max_inflight_per_target)
+        self.health: dict[str, TargetHealth] = {}
+        self.seen = SeenStore(stage.state_dir("seen"))
+        self.parked = ParkedQueues(StateStore("parked", stage.state_dir("parked")),
+                                   self.topo.partitions)
+        self.robots = RobotsCache(self.s.robots_agent, self.s.robots_ttl_s, self._on_robots)
+        self.robots_interval: dict[str, float] = {}
+        # Targets deferred long enough to have gone to disk: refill them when this is due.
+        self.wake_at: list[tuple[float, str]] = []
         self.running = 0
         self.paused = False
         self.wake = asyncio.Event()
@@ -155,7 +162,6 @@ class _Session:
         self.consumer: Consumer | None = None
         self.broken: CrawlfleetError | None = None  # set by a rebalance callback
         self.control: ControlReader | None = None
-        self.robots_interval: dict[str, float] = {}
         self.ctl_paused = False
         self.pacer = Pacer(self.s.fleet_rate_cap)
         self.members_stale = False
@@ -163,6 +169,7 @@ class _Session:
         self.windows = {t: parse_windows(w) for t, w in self.s.crawl_windows.items()}
         self.committer: TxnCommitter | None = None
         self.slow_start = SlowStart(floor=150)  # outputs (~3 per page) per transaction
+        self.share_ceiling = max(1, self.s.max_buffered // 2)
 
     # --- Kafka thread -------------------------------------------------------------------
 
@@ -170,31 +177,39 @@ class _Session:
         return await self.loop.run_in_executor(self.kx, fn, *args)
 
     def _setup(self) -> None:
-        group = self.st.topology.group("fetch")
+        group = self.topo.group("fetch")
         self.committer = TxnCommitter(self.s, f"{group}-{self.st.worker}", self.st.worker)
-        self.control = ControlReader(self.s, self.st.topology.control, self.enc.codec)
+        self.control = ControlReader(self.s, self.topo.control, self.enc.codec)
         self.control.poll(1.0)  # settings in force before the first job is dequeued
         self.consumer = Consumer(consumer_conf(self.s, group, self.st.worker))
-        self.consumer.subscribe([self.st.topology.frontier_high, self.st.topology.frontier],
+        self.consumer.subscribe([self.topo.frontier_high, self.topo.frontier],
                                 on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         parts = sorted({p.partition for p in partitions})
-        n = self.seen.restore(self.s, self.st.topology.seen, parts, self.enc.codec)
+        n = self.seen.restore(self.s, self.topo.seen, parts, self.enc.codec)
         self.status.add("seen_restored", n)
-        with self.lock:
-            for p in partitions:
-                tp = (p.topic, p.partition)
-                self.trackers[tp] = OffsetTracker()
-                self.epochs[tp] = self.epochs.get(tp, 0) + 1
+        fresh = [p for p in parts if p not in self.parked.store.partitions()]
+        incomplete = self.parked.store.restore(self.s, self.topo.parked, fresh,
+                                               _parked_transform(self.enc.codec))
+        restored: list[str] = []
+        for p in fresh:
+            if p not in incomplete:
+                restored += self.parked.restored(p)
+        self.ledger.assign([(p.topic, p.partition) for p in partitions])
+        if incomplete:  # never fetch with a partial parked queue: hold those partitions
+            self.status.add("restore_incomplete", len(incomplete))
+            consumer.pause([p for p in partitions if p.partition in incomplete])
         if self.paused or self.ctl_paused:  # pause state does not survive a rebalance
             consumer.pause(partitions)
         self.members_stale = self.s.fleet_rate_cap > 0  # read it outside the callback
+        if restored:
+            self.loop.call_soon_threadsafe(self._refill_many, restored)
 
     def _refresh_members(self) -> None:
         """Re-read the fetch group's live membership after a rebalance (fleet-wide cap)."""
-        group = self.st.topology.group("fetch")
+        group = self.topo.group("fetch")
         if self.admin is None:
             self.admin = AdminClient(self.s.kafka_common())
         try:
@@ -215,9 +230,7 @@ class _Session:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = [(p.topic, p.partition) for p in partitions]
-        with self.lock:  # work finishing from now on is the next owner's to redo
-            for tp in revoked:
-                self.epochs[tp] = self.epochs.get(tp, 0) + 1
+        self.ledger.revoke(revoked)
         try:
             self._commit()  # hand over finished work before the partitions move
         except CrawlfleetError as exc:
@@ -228,60 +241,65 @@ class _Session:
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Partitions already gone (session timed out): drop the work, commit nothing."""
         revoked = [(p.topic, p.partition) for p in partitions]
-        with self.lock:
-            for tp in revoked:
-                self.epochs[tp] = self.epochs.get(tp, 0) + 1
+        self.ledger.revoke(revoked)
         self.broken = FencedError("partitions lost: membership expired")
         self._forget(revoked)
 
     def _forget(self, revoked: list[TP]) -> None:
-        with self.lock:
-            for tp in revoked:
-                self.trackers.pop(tp, None)
-            owned = {tp[1] for tp in self.trackers}
+        owned = self.ledger.forget(revoked)
         for part in self.seen.partitions() - owned:
             self.seen.drop(part)
+        for part in self.parked.store.partitions() - owned:
+            self.parked.dropped(part)
+            self.parked.store.drop(part)
         self.loop.call_soon_threadsafe(self._drop_stale)
 
     def _commit(self) -> None:
         assert self.consumer is not None and self.committer is not None
-        positions = self.consumer.position(self.consumer.assignment())
-        with self.lock:
-            for pos in positions:
-                tracker = self.trackers.get((pos.topic, pos.partition))
-                if tracker is not None and pos.offset >= 0:
-                    tracker.advance_to(pos.offset)
-            outputs, self.completed = self.completed, []
-            self.committing_seen, self.pending_seen = self.pending_seen, {}
-            points = {tp: (t.safe_point() if outputs else t.commit_point())
-                      for tp, t in self.trackers.items()}
-        offsets = [TopicPartition(t, p, o) for (t, p), o in points.items() if o is not None]
-        if not outputs and not offsets:
+        positions = {(p.topic, p.partition): p.offset
+                     for p in self.consumer.position(self.consumer.assignment())}
+        batch = self.ledger.take_commit(positions)
+        if batch is None:
             return
-        if outputs and not offsets:
-            self.committing_seen = {}
-            return  # we own nothing any more: these outputs are not ours to commit
+        batch.outputs += self._backlog_reports()
         try:
-            self.committer.commit(self.consumer, outputs, offsets)
+            self.committer.commit(self.consumer, batch.outputs,
+                                  [TopicPartition(t, p, o) for (t, p), o in batch.offsets.items()])
         except CrawlfleetError:
-            self.committing_seen = {}  # never committed: must not count as seen
+            self.ledger.aborted()
+            self.parked.aborted(batch.changes)
             raise
-        self.seen.put_many((p, k, st, a) for (p, k), (st, a) in self.committing_seen.items())
-        with self.lock:
-            self.committing_seen = {}
-            for tp_ in offsets:
-                tracker = self.trackers.get((tp_.topic, tp_.partition))
-                if tracker is not None:
-                    tracker.committed(tp_.offset)
-        self.slow_start.committed(len(outputs))
+        self.seen.put_many((p, k, st, a) for (p, k), (st, a) in batch.seen.items())
+        gained = self.parked.committed(batch.changes)
+        self.ledger.committed(batch)
+        self.slow_start.committed(len(batch.outputs))
         self.status.add("committed_txns")
-        self.status.add("produced", len(outputs))
+        self.status.add("produced", len(batch.outputs))
+        if gained:
+            self.loop.call_soon_threadsafe(self._refill_many, gained)
+
+    def _backlog_reports(self) -> list[Output]:
+        """The parked backlog of partitions whose count changed, for the frontier bound
+        (``crawl.control``, compacted: the latest count per partition is what stays)."""
+        out = []
+        for part, count in self.parked.backlog_changes().items():
+            key = backlog_key(part).encode()
+            if count <= 0:
+                out.append(Output(self.topo.control, 0, key, None, []))
+                continue
+            payload, headers = self.enc.codec.encode("Control", {
+                "kind": "backlog", "target": None, "value": float(count),
+                "text": None, "issued_by": self.st.worker})
+            out.append(Output(self.topo.control, 0, key, payload, headers))
+        return out
 
     def _poll(self, timeout: float) -> list[Message]:
         assert self.consumer is not None and self.control is not None
         changed = self.control.poll(0)
         if self.members_stale:
             self._refresh_members()
+        # Memory is bounded per target (work beyond a share is parked), so the worker as a
+        # whole is full only when many targets are each at their share.
         buffered = len(self.sched) + self.running
         full = buffered >= self.s.max_buffered or (
             self.paused and buffered >= self.s.max_buffered // 2)
@@ -316,6 +334,7 @@ class _Session:
         try:
             async with Fetcher(self.s) as fetcher:
                 self.fetcher = fetcher
+                self.robots.fetcher = fetcher
                 dispatcher = asyncio.create_task(self._dispatch_loop())
                 try:
                     await self._main_loop()
@@ -339,6 +358,7 @@ class _Session:
         if self.committer is not None:
             self.committer.close()
         self.seen.close()
+        self.parked.store.close()
         if self.control is not None:
             self.control.close()
 
@@ -347,7 +367,7 @@ class _Session:
         while not self.st.stop.requested:
             # Jobs queued, in flight or finished but uncommitted: look again soon, so results
             # are committed (handed on) as soon as the last of them is done.
-            busy = self.running or self.completed or len(self.sched)
+            busy = self.running or self.ledger.completed or len(self.sched)
             # Nothing queued: what is in flight or done is all this worker has, and its
             # results go out the moment they are complete (below), so do not oversleep it.
             handing_on = busy and not len(self.sched)
@@ -360,11 +380,12 @@ class _Session:
             # Under load, commit on the interval (fewer, fuller transactions). With nothing
             # queued to start, the crawl is waiting on the links in our results: hand them
             # on every _STARVED_COMMIT_S, and at once when nothing is in flight either.
-            starved = bool(self.completed) and not len(self.sched) and (
+            done = self.ledger.completed
+            starved = bool(done) and not len(self.sched) and (
                 not self.running or now - last_commit >= _STARVED_COMMIT_S)
             # After a quiet spell, results go out in growing transactions (slow start), so
             # a crawl's next level is found while this one is still being fetched.
-            burst = len(self.completed) >= self.slow_start.cap(now)
+            burst = done >= self.slow_start.cap(now)
             if now - last_commit >= self.s.commit_interval_s or starved or burst:
                 await self._kafka(self._commit)
                 last_commit = now
@@ -372,7 +393,8 @@ class _Session:
 
     def _report(self) -> None:
         self.status.gauges.update(inflight=self.running, queued=len(self.sched),
-                                  seen_keys=len(self.seen), paused=int(self.paused))
+                                  parked=self.parked.total(), seen_keys=len(self.seen),
+                                  paused=int(self.paused))
         if self.running or len(self.sched):
             self.status.add("busy_ticks")
         self.status.write()
@@ -386,12 +408,9 @@ class _Session:
                     log.warning("consume error: %s", err)
                 continue
             tp, offset = tp_of(msg), offset_of(msg)
-            with self.lock:
-                tracker = self.trackers.get(tp)
-                if tracker is None:
-                    continue  # revoked between fetch and delivery
-                tracker.start(offset)
-                epoch = self.epochs[tp]
+            epoch = self.ledger.admit(tp, offset)
+            if epoch is None:
+                continue  # revoked between fetch and delivery
             self.status.add("consumed")
             try:
                 job = self.enc.decode("CrawlJob", msg)
@@ -404,29 +423,105 @@ class _Session:
                     self.enc.dead(job, None, tp[0], exc.reason, str(exc), job["attempt"])])
                 continue
             pj = Pending(tp, offset, epoch, job, dedupe_key(job["profile"], job["url"]))
-            if self._is_duplicate(pj):
+            if self.ledger.is_duplicate(pj, self.seen.get):
                 self.status.add("skipped_seen")
-                self._finish(pj, [], None)
+                self.ledger.finish(pj, [], None)
                 continue
-            self.inflight[pj.key] = (pj.tp, pj.epoch, pj.offset)
-            self.sched.push(job["target"], pj, now, tier=job.get("priority", 0))
+            target, tier = pj.target, self._tier_of(tp)
+            if self.parked.must_park(target, tier) \
+                    or self._held(target, tier) >= self._share(target):
+                self._park(pj)  # behind what is parked, or beyond the target's share
+                continue
+            self.ledger.hold(pj)
+            self.sched.push(target, pj, now, tier=pj.tier)
         self.wake.set()
 
-    def _release(self, pj: Pending) -> None:
-        """Only the job holding the key releases it (a skipped repeat must not)."""
-        if self.inflight.get(pj.key) == (pj.tp, pj.epoch, pj.offset):
-            del self.inflight[pj.key]
+    # --- per-target memory: share, park, refill -------------------------------------------
 
-    def _is_duplicate(self, pj: Pending) -> bool:
-        holder = self.inflight.get(pj.key)
-        if holder is not None and self.epochs.get(holder[0]) == holder[1]:
-            return True
-        ref = (pj.tp[1], pj.key)
-        state = self.pending_seen.get(ref) or self.committing_seen.get(ref) \
-            or self.seen.get(pj.tp[1], pj.key)
-        if state is None:
-            return False
-        return state[0] != RETRYING or state[1] != pj.job["attempt"]
+    def _held(self, target: str, tier: int) -> int:
+        """A tier's jobs in memory (and the target's in flight): each tier has its own
+        share, so the scheduler's high:bulk mix always sees both."""
+        return self.sched.queued(target, tier) + self.sched.inflight(target)
+
+    def _tier_of(self, tp: TP) -> int:
+        return 1 if tp[0] == self.topo.frontier_high else 0
+
+    def _share(self, target: str) -> int:
+        """Jobs ``target`` may hold in memory: a few seconds at its current rate."""
+        interval = self._interval(target)
+        h = self.health.get(target)
+        limit = h.inflight_limit if h is not None else self.s.max_inflight_per_target
+        return share_of(1.0 / interval if interval > 0 else float("inf"),
+                        self.s.target_buffer_s, self.s.target_buffer_floor, limit,
+                        self.share_ceiling)
+
+    def _park(self, pj: Pending) -> None:
+        """Send a job to disk: a frontier record is written to the parked changelog with
+        its offset's commit; one taken from disk just goes back (its entry is still there)."""
+        if pj.park_key is not None:
+            self.ledger.release(pj)
+            self.parked.untake(pj.park_key)
+            return
+        if not self.ledger.current(pj.tp, pj.epoch):
+            self.ledger.release(pj)
+            return
+        pj.park_key = park_key(pj.target, self._tier_of(pj.tp), pj.offset)
+        change = self.parked.park(pj.tp[1], pj.park_key, pj.job)
+        if not self.ledger.finish(pj, [self.rules.park(pj)], None, [change]):
+            self.parked.aborted([change])
+        self.status.add("parked")
+
+    def _shed(self, target: str, keep: int) -> None:
+        """Move ``target``'s queued jobs beyond its first ``keep`` to disk."""
+        for pj in self.sched.take_tail(target, keep):
+            self._park(pj)
+
+    def _home_tp(self, partition: int) -> TP | None:
+        for topic in (self.topo.frontier, self.topo.frontier_high):
+            if self.ledger.owns((topic, partition)):
+                return topic, partition
+        return None
+
+    def _refill_many(self, targets: Iterable[str]) -> None:
+        for t in targets:
+            self._refill(t)
+        self.wake.set()
+
+    def _refill(self, target: str) -> None:
+        """Bring ``target``'s oldest parked jobs back while it has room in its share."""
+        if self.parked.available(target) <= 0:
+            return
+        now = time.monotonic()
+        if self.sched.deferred_for(target, now) >= SPILL_AFTER_S:
+            return  # resting: wake_at brings it back
+        part = partition_for(target, self.topo.partitions)
+        tp = self._home_tp(part)
+        epoch = self.ledger.epoch_of(tp) if tp is not None else None
+        if tp is None or epoch is None:
+            return
+        share = self._share(target)
+        for tier in (1, 0):
+            held = self._held(target, tier)
+            room = share - held
+            if room <= 0 or (held and room < share // 2):
+                continue  # refill in batches, not one scan per finished job
+            for key, job in self.parked.take(part, target, tier, room):
+                pj = Pending(tp, -1, epoch, job, dedupe_key(job["profile"], job["url"]),
+                             park_key=key)
+                if self.ledger.is_duplicate(pj, self.seen.get):
+                    self.status.add("skipped_seen")
+                    self._finish(pj, [], None)  # done before: only its entry goes
+                    continue
+                self.ledger.hold(pj)
+                self.sched.push(target, pj, now, tier=pj.tier)
+                self.status.add("unparked")
+
+    def _refill_due(self, now: float) -> None:
+        while self.wake_at and self.wake_at[0][0] <= now:
+            _, target = heapq.heappop(self.wake_at)
+            self._refill(target)
+
+    # --- rates: cap, robots, adaptive -----------------------------------------------------
 
     def _base_interval(self, target: str) -> float:
         """Interval for a target first seen: its cap, and hold it if it is paused."""
@@ -439,12 +534,55 @@ class _Session:
         return live or self.s.cap_for(target)
 
     def _interval(self, target: str) -> float:
-        """The stricter of the cap and robots.txt's Crawl-delay / Request-rate."""
-        return max(1.0 / self._cap(target), self.robots_interval.get(target, 0.0))
+        """The stricter of the cap and robots.txt's Crawl-delay / Request-rate, stretched by
+        the target's adaptive slowdown."""
+        base = max(1.0 / self._cap(target), self.robots_interval.get(target, 0.0))
+        h = self.health.get(target)
+        return base * h.slowdown if h is not None else base
+
+    def _on_robots(self, target: str, min_interval_s: float) -> None:
+        self.robots_interval[target] = max(self.robots_interval.get(target, 0.0), min_interval_s)
+        self.sched.set_interval(target, self._interval(target))
+
+    def _observe(self, target: str, result: Result) -> None:
+        """Feed a request's signal to the target's adaptive limits."""
+        if result.signal is Signal.NEUTRAL:
+            return
+        h = self.health.get(target)
+        if h is None:
+            if result.signal is Signal.OK:
+                return  # healthy and never degraded: nothing to track
+            h = self.health[target] = TargetHealth(self.s.max_inflight_per_target)
+        was = (h.slowdown, h.inflight_limit)
+        wait = h.observe(result.signal, result.retry_after_s)
+        now = time.monotonic()
+        if (h.slowdown, h.inflight_limit) != was:
+            self.sched.set_interval(target, self._interval(target))
+            self.sched.set_limit(target, h.inflight_limit, now)
+        if result.signal is not Signal.OK:
+            self.status.add(f"signal_{result.signal.value}")
+            queued, share = self.sched.queued(target), self._share(target)
+            if queued > 2 * share:  # slowed down a lot: keep only its new share in memory
+                self._shed(target, share)
+        if not h.degraded and h.errors == 0:
+            del self.health[target]
+        if wait > 0:
+            self._defer(target, wait, now)
+
+    def _defer(self, target: str, wait: float, now: float) -> None:
+        """No request to ``target`` for ``wait`` s; a long rest sends its queue to disk."""
+        self.sched.defer(target, now + wait)
+        self.status.add("deferrals")
+        if wait >= SPILL_AFTER_S:
+            self._shed(target, 0)
+            heapq.heappush(self.wake_at, (now + wait, target))
+
+    # --- dispatch -------------------------------------------------------------------------
 
     async def _dispatch_loop(self) -> None:
         while True:
             now = time.monotonic()
+            self._refill_due(now)
             free = self.s.max_inflight - self.running
             if self.ctl_paused:
                 free = 0  # a person paused the fleet: finish what is in flight, start nothing
@@ -452,12 +590,15 @@ class _Session:
             if free > 0:
                 started = 0
                 for target, pj in self.sched.pop_ready(now, free):
-                    if self.epochs.get(pj.tp) != pj.epoch:
-                        self._release(pj)
+                    if not self.ledger.current(pj.tp, pj.epoch):
+                        self.ledger.release(pj)
+                        self.sched.done(target, now)
                         continue  # partition moved away: the new owner redoes it
                     if target in self.windows and self._outside_window(target, pj, now):
+                        self.sched.done(target, now)
                         continue
                     if self._disallowed_now(target, pj, now):
+                        self.sched.done(target, now)
                         continue
                     self.running += 1
                     started += 1
@@ -466,6 +607,8 @@ class _Session:
                     task.add_done_callback(self.tasks.discard)
                 self.pacer.take(now, started)
             due = self.sched.next_due()
+            if self.wake_at:
+                due = self.wake_at[0][0] if due is None else min(due, self.wake_at[0][0])
             paced = self.pacer.next_at()
             if due is not None and paced is not None:
                 due = max(due, paced)
@@ -480,211 +623,93 @@ class _Session:
 
     def _disallowed_now(self, target: str, pj: Pending, now: float) -> bool:
         """Known robots-disallowed: dead-letter it without spending the target's slot."""
-        rules = self.robots.get(origin_of(pj.job["url"]))
+        rules = self.robots.known(pj.job["url"])
         if rules is None or rules.unreachable:
             return False
         if rules.allows(pj.job["url"], self.s.robots_agent):
             pj.allowed_by = rules  # _fetch need not ask protego again
             return False
         self.sched.refund(target, now)
-        self._finish(pj, *self._dead(pj, "robots_disallowed",
-                                     f"robots.txt disallows {pj.job['url']}", 0, now))
+        res = self.rules.dead(pj, "robots_disallowed", f"robots.txt disallows {pj.job['url']}",
+                              0, now)
+        self._finish(pj, res.outputs, res.seen)
+        self._refill(target)
         return True
 
     def _outside_window(self, target: str, pj: Pending, now: float) -> bool:
-        """Outside the target's crawl window the job waits (queued or spilled), never dropped."""
+        """Outside the target's crawl window the job waits (queued or parked), never dropped."""
         wait = seconds_until_open(self.windows[target], datetime.now(UTC))
         if wait <= 0:
             return False
-        self.sched.push_front(target, pj, now, tier=pj.job.get("priority", 0))
-        self.sched.defer(target, now + min(wait, 3600.0))
+        self.sched.push_front(target, pj, now, tier=pj.tier)
         self.status.add("outside_window")
-        if wait >= SPILL_AFTER_S:
-            self._spill(target, min(wait, float(RETRY_DELAYS_S[-1])))
+        self._defer(target, min(wait, 3600.0), now)
         return True
 
     def _drop_stale(self) -> None:
         """Forget queued jobs of partitions this worker no longer owns."""
         def keep(pj: Pending) -> bool:
-            if self.epochs.get(pj.tp) == pj.epoch:
+            if self.ledger.current(pj.tp, pj.epoch):
                 return True
-            self._release(pj)
+            self.ledger.release(pj)
             return False
         self.sched.drop(keep)
+        self.ledger.drop_holders(self.ledger.current)
+        self.wake.set()
 
     # --- one job ------------------------------------------------------------------------
 
     async def _fetch(self, pj: Pending) -> None:
-        job = pj.job
-        outputs: list[Output] = []
-        seen_state: tuple[str, int] | None = None
+        job, target = pj.job, pj.target
         started = time.monotonic()
+        result: Result | None = None
         try:
-            rules = await self._robots_for(job["url"], job["target"])
+            rules = await self.robots.rules_for(job["url"], target)
             if rules is None:  # this slot was spent on robots.txt: go again later
-                self.sched.push_front(job["target"], pj, time.monotonic(),
-                                      tier=job.get("priority", 0))
+                self.sched.push_front(target, pj, time.monotonic(), tier=pj.tier)
                 return
             if rules.unreachable:
-                self.sched.defer(job["target"], time.monotonic() + UNREACHABLE_RETRY_S)
-                self._spill(job["target"], UNREACHABLE_RETRY_S)
-                outputs, seen_state = self._retry_or_dead(pj, "robots_unreachable",
-                                                          UNREACHABLE_RETRY_S, 0, started)
+                result = self.rules.retry_or_dead(pj, "robots_unreachable",
+                                                  UNREACHABLE_RETRY_S, 0, started)
+                self._defer(target, UNREACHABLE_RETRY_S, time.monotonic())
             elif rules is not pj.allowed_by and not rules.allows(job["url"],
                                                                   self.s.robots_agent):
                 raise RobotsDisallowedError(f"robots.txt disallows {job['url']}")
             else:
                 resp = await self.fetcher.get(job["url"])
-                outputs, seen_state = self._on_response(pj, resp, started)
+                result = self.rules.response(pj, resp, started)
         except CrawlfleetError as exc:
-            if exc.retryable:
-                outputs, seen_state = self._retry_or_dead(pj, exc.reason, 0.0, 0, started,
-                                                          str(exc))
-            else:
-                outputs, seen_state = self._dead(pj, exc.reason, str(exc), 0, started)
+            result = self.rules.error(pj, exc, started)
+        except Exception as exc:  # a bug must not leave the job unfinished, pinning offsets
+            log.exception("fetch of %s failed unexpectedly", job["url"])
+            result = self.rules.dead(pj, "internal", f"{type(exc).__name__}: {exc}", 0,
+                                     started)
         finally:
             self.running -= 1
+            self.sched.done(target, time.monotonic())
             self.wake.set()
-        self._finish(pj, outputs, seen_state)
-
-    def _on_response(self, pj: Pending, resp: Response,
-                     started: float) -> tuple[list[Output], tuple[str, int]]:
-        job = pj.job
-        outcome = classify_status(resp.status, resp.retry_after, job["attempt"])
-        if outcome.wait_s > 0 and (outcome.pushback or outcome.verdict is Verdict.RETRY):
-            self.sched.defer(job["target"], time.monotonic() + outcome.wait_s)
-            self.status.add("deferrals")
-            if outcome.wait_s >= SPILL_AFTER_S:
-                self._spill(job["target"], outcome.wait_s)
-        if outcome.verdict is Verdict.STORE:
-            result = self.enc.record(self.st.topology.fetched, "FetchResult", job["target"],
-                                     pj.key.encode(), {
-                "job": job, "final_url": resp.url, "status": resp.status,
-                "content_type": resp.content_type, "body": resp.body,
-                "fetched_at_ms": int(time.time() * 1000), "elapsed_ms": resp.elapsed_ms,
-                "redirects": resp.redirects, "worker": self.st.worker})
+        if result is None:
+            return
+        self._observe(target, result)
+        if result.outputs and result.outputs[0].topic == self.topo.fetched:
             self.status.add("fetched")
-            return [result, self._event(pj, resp.status, "ok", outcome.reason, started,
-                                        len(resp.body))], (DONE, job["attempt"])
-        if outcome.verdict is Verdict.RETRY:
-            return self._retry_or_dead(pj, outcome.reason, outcome.wait_s, resp.status, started)
-        return self._dead(pj, outcome.reason, f"HTTP {resp.status} from {resp.url}",
-                          resp.status, started)
+        elif result.seen[0] == "RETRYING":
+            self.status.add("retries")
+        else:
+            self.status.add("dead")
+        self._finish(pj, result.outputs, result.seen)
+        self._refill(target)
 
-    def _retry_or_dead(self, pj: Pending, reason: str, wait_s: float, status: int,
-                       started: float, error: str = "") -> tuple[list[Output], tuple[str, int]]:
-        job = pj.job
-        attempt = job["attempt"] + 1
-        if attempt >= self.s.max_attempts:
-            return self._dead(pj, reason, error or f"gave up after {attempt} attempts",
-                              status, started)
-        tier = self.st.topology.retry_tier_for(wait_s)
-        again = {**job, "attempt": attempt, "last_error": reason,
-                 "delay_ms": int(max(wait_s, tier) * 1000)}
-        self.status.add("retries")
-        return [self.enc.job(self.st.topology.retry(tier), again),
-                self._event(pj, status, "retry", reason, started, 0)], (RETRYING, attempt)
+    def _finish(self, pj: Pending, outputs: list[Any], seen: tuple[str, int] | None) -> None:
+        changes: list[StoreChange] = []
+        if seen is not None:
+            outputs = [*outputs, self.rules.seen(pj, seen)]
+        if pj.park_key is not None:  # it leaves the parked queue with this transaction
+            outputs = [*outputs, self.rules.unpark(pj)]
+            changes.append((pj.tp[1], pj.park_key, None))
+        if not self.ledger.finish(pj, outputs, seen, changes) and pj.park_key is not None:
+            self.parked.untake(pj.park_key)
 
-    def _spill(self, target: str, wait_s: float) -> None:
-        """Move a long-deferred target's queued jobs to a retry tier (attempts unchanged).
-
-        Held in memory they would pin their partition's committed offset and fill the
-        worker's buffer, which would pause partitions that other targets share.
-        """
-        tier = self.st.topology.retry_tier_for(wait_s)
-        jobs = self.sched.take(target)
-        for pj in jobs:
-            if self.epochs.get(pj.tp) != pj.epoch:
-                self._release(pj)
-                continue
-            again = {**pj.job, "delay_ms": int(max(wait_s, tier) * 1000)}
-            self._finish(pj, [self.enc.job(self.st.topology.retry(tier), again)],
-                         (RETRYING, pj.job["attempt"]))
-        self.status.add("spilled", len(jobs))
-
-    def _dead(self, pj: Pending, reason: str, error: str, status: int,
-              started: float) -> tuple[list[Output], tuple[str, int]]:
-        job = pj.job
-        self.status.add("dead")
-        return [self.enc.dead(job, None, pj.tp[0], reason, error, job["attempt"] + 1),
-                self._event(pj, status, "dead", reason, started, 0)], (DEAD, job["attempt"])
-
-    def _event(self, pj: Pending, status: int, outcome: str, reason: str, started: float,
-               size: int) -> Output:
-        job = pj.job
-        return self.enc.record(self.st.topology.telemetry, "FetchEvent", job["target"],
-                               pj.key.encode(), {
-            "url": job["url"], "target": job["target"], "profile": job["profile"],
-            "attempt": job["attempt"], "status": status, "outcome": outcome, "reason": reason,
-            "elapsed_ms": int((time.monotonic() - started) * 1000), "bytes": size,
-            "worker": self.st.worker, "fetcher_version": FETCHER_VERSION,
-            "http_version": HTTP_LIB_VERSION, "tls_version": TLS_LIB_VERSION,
-            "profile_bundle_version": self.s.profile_bundle_version,
-            "code_revision": self.s.code_revision, "ts_ms": int(time.time() * 1000)})
-
-    def _finish(self, pj: Pending, outputs: list[Output],
-                seen_state: tuple[str, int] | None) -> None:
-        self._release(pj)
-        if seen_state is not None:
-            state, attempt = seen_state
-            outputs = [*outputs, self.enc.record(self.st.topology.seen, "Seen", pj.job["target"],
-                                                 pj.key.encode(), {"state": state,
-                                                                   "attempt": attempt,
-                                                                   "status": 0})]
-        with self.lock:
-            if self.epochs.get(pj.tp) != pj.epoch:
-                return  # partition moved while we worked: drop, the new owner redoes it
-            if seen_state is not None:
-                self.pending_seen[(pj.tp[1], pj.key)] = seen_state
-            self.completed.extend(outputs)
-            tracker = self.trackers.get(pj.tp)
-            if tracker is not None:
-                tracker.done(pj.offset)
-
-    def _finish_raw(self, tp: TP, offset: int, epoch: int, outputs: list[Output]) -> None:
-        with self.lock:
-            if self.epochs.get(tp) != epoch:
-                return
-            self.completed.extend(outputs)
-            tracker = self.trackers.get(tp)
-            if tracker is not None:
-                tracker.done(offset)
-        self.status.add("dead")
-
-    # --- robots.txt ---------------------------------------------------------------------
-
-    async def _robots_for(self, url: str, target: str) -> RobotsRules | None:
-        """Cached rules for the URL's origin; None means "fetched them just now, requeue"."""
-        origin = origin_of(url)
-        now = time.monotonic()
-        rules = self.robots.get(origin)
-        if rules is not None and self.robots_expiry.get(origin, 0) > now:
-            return rules
-        pending = self.robots_pending.get(origin)
-        if pending is not None:
-            await asyncio.shield(pending)
-            return None
-        fut: asyncio.Future[RobotsRules] = self.loop.create_future()
-        self.robots_pending[origin] = fut
-        try:
-            rules = await self._fetch_robots(origin)
-            self.robots[origin] = rules
-            ttl = UNREACHABLE_RETRY_S if rules.unreachable else self.s.robots_ttl_s
-            self.robots_expiry[origin] = time.monotonic() + ttl
-            self.robots_interval[target] = max(self.robots_interval.get(target, 0.0),
-                                               rules.min_interval_s)
-            self.sched.set_interval(target, self._interval(target))
-            fut.set_result(rules)
-        finally:
-            del self.robots_pending[origin]
-            if not fut.done():
-                fut.cancel()
-        self.status.add("robots_fetched")
-        return None
-
-    async def _fetch_robots(self, origin: str) -> RobotsRules:
-        try:
-            resp = await self.fetcher.get(origin + "/robots.txt", max_bytes=512 * 1024)
-        except (CrawlfleetError, aiohttp.ClientError):
-            return rules_from_response(None, b"", self.s.robots_agent)
-        return rules_from_response(resp.status, resp.body, self.s.robots_agent)
+    def _finish_raw(self, tp: TP, offset: int, epoch: int, outputs: list[Any]) -> None:
+        if self.ledger.finish_raw(tp, offset, epoch, outputs):
+            self.status.add("dead")

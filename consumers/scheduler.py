@@ -5,6 +5,10 @@ may start. A target that is deferred (Retry-After, back-off, robots unreachable)
 (paused, outside its crawl window) just gets a later time; its jobs wait while every other
 target keeps flowing, so one slow site never blocks a partition.
 
+A target also has an in-flight limit: a released job counts against it until
+:meth:`TargetScheduler.done`, so a slow site holds at most that many connections however
+long it takes to answer.
+
 Tiers share the target's cap: of every ``HIGH_SHARE + 1`` releases for a target with work
 in both tiers, at most ``HIGH_SHARE`` go to the high tier, so the bulk tier keeps a
 reserved share (80/20) and is never starved by a busy high tier.
@@ -30,6 +34,8 @@ class _Slot(Generic[T]):
     next_at: float = 0.0
     scheduled: bool = False  # present in the ready heap
     high_run: int = 0  # consecutive high-tier releases while bulk work waited
+    inflight: int = 0  # released, not yet done
+    limit: int = 1 << 30  # in-flight limit
 
     def __len__(self) -> int:
         return len(self.queues[BULK]) + len(self.queues[HIGH])
@@ -46,8 +52,10 @@ class _Slot(Generic[T]):
 class TargetScheduler(Generic[T]):
     """Releases at most one job per target per interval (1 / cap, or the Crawl-delay)."""
 
-    def __init__(self, interval_for: Callable[[str], float]) -> None:
+    def __init__(self, interval_for: Callable[[str], float],
+                 limit: int = 1 << 30) -> None:
         self._interval_for = interval_for
+        self._limit = limit  # default in-flight limit of a new target
         self._slots: dict[str, _Slot[T]] = {}
         self._heap: list[tuple[float, str]] = []
         self._size = 0
@@ -59,11 +67,13 @@ class TargetScheduler(Generic[T]):
     def _slot(self, target: str, now: float) -> _Slot[T]:
         slot = self._slots.get(target)
         if slot is None:
-            slot = self._slots[target] = _Slot(self._interval_for(target), next_at=now)
+            slot = self._slots[target] = _Slot(self._interval_for(target), next_at=now,
+                                               limit=self._limit)
         return slot
 
     def _schedule(self, target: str, slot: _Slot[T], now: float) -> None:
-        if not slot.scheduled and target not in self._held and len(slot):
+        if not slot.scheduled and target not in self._held and len(slot) \
+                and slot.inflight < slot.limit:
             slot.scheduled = True
             heapq.heappush(self._heap, (max(slot.next_at, now), target))
 
@@ -89,7 +99,7 @@ class TargetScheduler(Generic[T]):
         """No request to ``target`` before monotonic time ``until`` (never earlier)."""
         slot = self._slots.get(target)
         if slot is None:
-            slot = self._slots[target] = _Slot(self._interval_for(target))
+            slot = self._slots[target] = _Slot(self._interval_for(target), limit=self._limit)
         if until > slot.next_at:
             slot.next_at = until
             if slot.scheduled:  # re-key lazily: stale heap entries are skipped in pop
@@ -108,10 +118,11 @@ class TargetScheduler(Generic[T]):
             if not slot.scheduled or at < slot.next_at:
                 continue  # stale entry, a later one exists
             slot.scheduled = False
-            if not len(slot) or target in self._held:
+            if not len(slot) or target in self._held or slot.inflight >= slot.limit:
                 continue
             out.append((target, slot.take_next()))
             self._size -= 1
+            slot.inflight += 1
             slot.next_at = max(now, slot.next_at) + slot.interval
             self._schedule(target, slot, now)
         return out
@@ -122,9 +133,42 @@ class TargetScheduler(Generic[T]):
         if slot is None:
             return
         slot.next_at = max(now, slot.next_at - slot.interval)
-        if len(slot) and target not in self._held:
+        if len(slot) and target not in self._held and slot.inflight < slot.limit:
             slot.scheduled = True
             heapq.heappush(self._heap, (slot.next_at, target))
+
+    def done(self, target: str, now: float) -> None:
+        """A released job of ``target`` finished (or sent nothing): free its in-flight slot."""
+        slot = self._slots.get(target)
+        if slot is not None and slot.inflight > 0:
+            slot.inflight -= 1
+            self._schedule(target, slot, now)
+
+    def set_limit(self, target: str, limit: int, now: float) -> None:
+        """In-flight limit of ``target`` (at least 1); jobs already in flight finish."""
+        slot = self._slot(target, now)
+        slot.limit = max(1, limit)
+        self._schedule(target, slot, now)
+
+    def inflight(self, target: str) -> int:
+        slot = self._slots.get(target)
+        return slot.inflight if slot else 0
+
+    def take_tail(self, target: str, keep: int) -> list[T]:
+        """Remove and return the newest jobs of ``target`` beyond its first ``keep`` queued
+        (bulk tier first): what a target holds beyond its memory share goes back to disk."""
+        slot = self._slots.get(target)
+        if slot is None:
+            return []
+        out: list[T] = []
+        excess = len(slot) - max(0, keep)
+        for q in (slot.queues[BULK], slot.queues[HIGH]):
+            while excess > 0 and q:
+                out.append(q.pop())
+                excess -= 1
+        self._size -= len(out)
+        out.reverse()
+        return out
 
     def hold(self, target: str) -> None:
         """Release nothing for ``target`` until :meth:`release` (a paused target)."""
@@ -166,6 +210,9 @@ class TargetScheduler(Generic[T]):
         self._size -= dropped
         return dropped
 
-    def queued(self, target: str) -> int:
+    def queued(self, target: str, tier: int | None = None) -> int:
+        """Jobs queued for ``target`` (in one tier, or both)."""
         slot = self._slots.get(target)
-        return len(slot) if slot else 0
+        if slot is None:
+            return 0
+        return len(slot) if tier is None else len(slot.queues[HIGH if tier > 0 else BULK])

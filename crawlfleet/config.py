@@ -95,6 +95,15 @@ class Settings:
     max_inflight: int = 256
     #: Jobs held in memory per fetch worker before its partitions are paused.
     max_buffered: int = 5000
+    #: Requests in flight to one target at most (halved on errors, regained on successes).
+    max_inflight_per_target: int = 8
+    #: A target's share of a worker's memory: this many seconds of work at the target's
+    #: current rate, plus ``target_buffer_floor`` jobs (at most half of ``max_buffered``).
+    #: Work beyond its share is parked on disk (``crawl.parked``) and comes back in order.
+    target_buffer_s: float = 5.0
+    target_buffer_floor: int = 8
+    #: Statuses that mean the site blocks us: outcome ``blocked``, the target slows down.
+    block_statuses: tuple[int, ...] = (403,)
     request_timeout_s: float = 20.0
     connect_timeout_s: float = 5.0
     max_response_bytes: int = 5 * 1024 * 1024
@@ -184,11 +193,11 @@ def _problems(s: Settings) -> list[str]:
     if s.partitions < 0:
         out.append("partitions must be >= 1 (or 0 = automatic)")
     for name in ("replication", "max_inflight", "max_buffered", "max_attempts",
-                 "store_batch_rows"):
+                 "store_batch_rows", "max_inflight_per_target", "target_buffer_floor"):
         if getattr(s, name) < 1:
             out.append(f"{name} must be >= 1")
     for name in ("rate_cap", "request_timeout_s", "connect_timeout_s", "commit_interval_s",
-                 "robots_ttl_s", "seen_ttl_s", "store_batch_wait_s"):
+                 "robots_ttl_s", "seen_ttl_s", "store_batch_wait_s", "target_buffer_s"):
         if getattr(s, name) <= 0:
             out.append(f"{name} must be > 0")
     if s.frontier_lag_bound < 0:
@@ -209,6 +218,9 @@ def _problems(s: Settings) -> list[str]:
                    f"longest lease ({horizon:g}s), or a retried job could be fetched twice")
     if s.max_response_bytes < 1024:
         out.append("max_response_bytes must be >= 1024")
+    bad = [c for c in s.block_statuses if not 400 <= c <= 599]
+    if bad:
+        out.append(f"block_statuses must be 4xx/5xx statuses, not {bad}")
     if s.max_redirects < 0:
         out.append("max_redirects must be >= 0")
     if not s.user_agent.strip():
@@ -245,7 +257,8 @@ def _coerce(name: str, hint: Any, value: Any) -> Any:
             return str(value)
         if getattr(hint, "__origin__", None) is tuple:
             items = value.split(",") if isinstance(value, str) else list(value)
-            return tuple(str(i).strip() for i in items if str(i).strip())
+            conv = hint.__args__[0]
+            return tuple(conv(str(i).strip()) for i in items if str(i).strip())
         if getattr(hint, "__origin__", None) is dict:
             conv = hint.__args__[1]
             if isinstance(value, str):  # env form: "a=1,b=2" (windows: "a=TZ 09:00-17:00|b=...")

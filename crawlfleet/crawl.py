@@ -88,7 +88,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         if isinstance(v, Secret):
             v = v.get()
         elif isinstance(v, tuple):
-            v = ",".join(v)
+            v = ",".join(str(i) for i in v)
         elif isinstance(v, dict):
             sep = "|" if any(isinstance(x, str) for x in v.values()) else ","
             v = sep.join(f"{k}={x}" for k, x in v.items())

@@ -1,17 +1,20 @@
 """Bounded frontier: publishers and link discovery slow down when fetching falls behind.
 
-The frontier's lag (records not yet committed by the fetch group) is measured at most once
-a second; records added since the last measurement count as lag too, so the bound holds
-between measurements and overshoots by at most one page's links.
+The frontier's lag (records not yet committed by the fetch group) plus the jobs fetch
+workers have parked on disk (their backlog reports in ``crawl.control``) is measured at most
+once a second; records added since the last measurement count as lag too, so the bound
+holds between measurements and overshoots by at most one page's links.
 """
 
 from __future__ import annotations
 
 import time
 
+from consumers.control import ControlReader
 from consumers.runtime import topology_of
 from crawlfleet.config import Settings
 from infra.lag import LagProbe
+from schemas.codec import default_codec
 
 
 class FrontierGate:
@@ -23,6 +26,8 @@ class FrontierGate:
         self._partitions = topo.partitions
         self._interval = probe_interval_s
         self._probe = LagProbe(settings) if self.bound > 0 else None
+        self._control = ControlReader(settings, topo.control, default_codec()) \
+            if self.bound > 0 else None
         self._lag = 0
         self._added = 0
         self._at = float("-inf")
@@ -42,6 +47,9 @@ class FrontierGate:
         now = time.monotonic()
         if force or now - self._at >= self._interval:
             lag = self._probe.lag(self._group, self._topics, self._partitions)
+            if self._control is not None:
+                self._control.poll(0)
+                lag += self._control.state.parked if lag >= 0 else 0
             if lag >= 0:
                 self._lag, self._added, self._at = lag, 0, now
 
@@ -63,3 +71,5 @@ class FrontierGate:
     def close(self) -> None:
         if self._probe is not None:
             self._probe.close()
+        if self._control is not None:
+            self._control.close()

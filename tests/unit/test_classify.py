@@ -10,6 +10,7 @@ import pytest
 from consumers.classify import (
     BASE_BACKOFF_S,
     MAX_BACKOFF_S,
+    Signal,
     Verdict,
     backoff,
     classify_status,
@@ -25,24 +26,35 @@ def test_2xx_store(status: int) -> None:
     out = classify_status(status, None, 0)
     assert out.verdict is Verdict.STORE
     assert out.reason == "ok"
-    assert not out.pushback
-    assert out.wait_s == 0.0
+    assert out.signal is Signal.OK
+    assert out.delay_s == 0.0
 
 
 @pytest.mark.parametrize("status", [400, 401, 404, 410, 451])
-def test_definitive_4xx_store_without_pushback(status: int) -> None:
+def test_definitive_4xx_store_as_a_healthy_answer(status: int) -> None:
     out = classify_status(status, "120", 0)
     assert out.verdict is Verdict.STORE
     assert out.reason == f"http_{status}"
-    assert not out.pushback
-    assert out.wait_s == 0.0
+    assert out.signal is Signal.OK  # a 404 says the site works
+    assert out.delay_s == 0.0
+    assert out.retry_after_s is None
 
 
-def test_403_store_with_pushback() -> None:
+def test_403_is_blocked_not_success() -> None:
     out = classify_status(403, None, 0)
     assert out.verdict is Verdict.STORE
     assert out.reason == "http_403"
-    assert out.pushback
+    assert out.blocked
+    assert out.signal is Signal.BLOCKED
+
+
+def test_block_statuses_are_configurable() -> None:
+    assert classify_status(451, None, 0, block_statuses=frozenset({403, 451})).blocked
+    assert not classify_status(403, None, 0, block_statuses=frozenset({451})).blocked
+    # A 503 configured as a block is stored, not retried, and never a success.
+    out = classify_status(503, None, 0, block_statuses=frozenset({503}))
+    assert out.verdict is Verdict.STORE
+    assert out.signal is Signal.BLOCKED
 
 
 @pytest.mark.parametrize("status", [429, 503])
@@ -50,8 +62,9 @@ def test_pushback_retry_with_retry_after_seconds(status: int) -> None:
     out = classify_status(status, "120", 0, now=NOW)
     assert out.verdict is Verdict.RETRY
     assert out.reason == f"http_{status}"
-    assert out.wait_s == 120.0
-    assert out.pushback
+    assert out.delay_s == 120.0
+    assert out.retry_after_s == 120.0
+    assert out.signal is (Signal.THROTTLED if status == 429 else Signal.ERROR)
 
 
 @pytest.mark.parametrize("status", [429, 503])
@@ -60,32 +73,33 @@ def test_retry_after_http_date(status: int) -> None:
     header = when.strftime("%a, %d %b %Y %H:%M:%S GMT")
     out = classify_status(status, header, 0, now=NOW)
     assert out.verdict is Verdict.RETRY
-    assert out.wait_s == pytest.approx(90.0)
-    assert out.pushback
+    assert out.delay_s == pytest.approx(90.0)
+    assert out.retry_after_s == pytest.approx(90.0)
 
 
 def test_retry_after_wins_over_backoff_regardless_of_attempt() -> None:
-    assert classify_status(429, "5", 8, now=NOW).wait_s == 5.0
+    assert classify_status(429, "5", 8, now=NOW).delay_s == 5.0
 
 
 @pytest.mark.parametrize("status", [408, 425, 500, 502, 504, 520, 524])
-def test_retryable_without_pushback(status: int) -> None:
+def test_retryable_error_delays_the_job_not_the_target(status: int) -> None:
     out = classify_status(status, None, 0)
     assert out.verdict is Verdict.RETRY
     assert out.reason == f"http_{status}"
-    assert not out.pushback
-    assert out.wait_s == BASE_BACKOFF_S
+    assert out.signal is Signal.ERROR
+    assert out.retry_after_s is None  # nothing asks the whole target to rest
+    assert out.delay_s == BASE_BACKOFF_S
 
 
 def test_other_5xx_retry_with_backoff() -> None:
     out = classify_status(507, None, 2)
     assert out.verdict is Verdict.RETRY
     assert out.reason == "http_507"
-    assert out.wait_s == backoff(2)
+    assert out.delay_s == backoff(2)
 
 
 def test_backoff_grows_with_attempt_and_is_capped() -> None:
-    waits = [classify_status(503, None, a).wait_s for a in range(15)]
+    waits = [classify_status(503, None, a).delay_s for a in range(15)]
     assert waits[0] == BASE_BACKOFF_S
     assert waits[1] == 2 * BASE_BACKOFF_S
     for a, b in pairwise(waits):
@@ -100,8 +114,9 @@ def test_backoff_grows_with_attempt_and_is_capped() -> None:
 def test_unparseable_retry_after_falls_back_to_backoff() -> None:
     out = classify_status(429, "soon, please", 3, now=NOW)
     assert out.verdict is Verdict.RETRY
-    assert out.wait_s == backoff(3)
-    assert out.pushback
+    assert out.delay_s == backoff(3)
+    assert out.retry_after_s is None
+    assert out.signal is Signal.THROTTLED
 
 
 @pytest.mark.parametrize("status", [42, 0, -1, 99, 600, 700, 999])
@@ -149,4 +164,4 @@ def test_parse_retry_after_garbage_is_none(value: str) -> None:
 def test_hostile_retry_after_does_not_crash_classification() -> None:
     out = classify_status(503, "²", 1, now=NOW)
     assert out.verdict is Verdict.RETRY
-    assert out.wait_s == backoff(1)
+    assert out.delay_s == backoff(1)

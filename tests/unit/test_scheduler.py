@@ -8,7 +8,7 @@ from itertools import pairwise
 
 import pytest
 
-from consumers.scheduler import TargetScheduler
+from consumers.scheduler import HIGH, TargetScheduler
 
 EPS = 1e-9
 
@@ -309,7 +309,6 @@ def test_property_releases_never_closer_than_interval(seed: int) -> None:
 
 
 def test_bulk_tier_keeps_its_reserved_share_under_a_busy_high_tier() -> None:
-    from consumers.scheduler import HIGH
 
     sched: TargetScheduler[str] = TargetScheduler(lambda _t: 0.0)
     for i in range(100):
@@ -323,7 +322,6 @@ def test_bulk_tier_keeps_its_reserved_share_under_a_busy_high_tier() -> None:
 
 
 def test_high_tier_alone_uses_all_the_capacity() -> None:
-    from consumers.scheduler import HIGH
 
     sched: TargetScheduler[str] = TargetScheduler(lambda _t: 0.0)
     for i in range(10):
@@ -342,3 +340,51 @@ def test_refund_gives_the_slot_back() -> None:
     assert sched.pop_ready(0.5, 5) == [("t", "b")]
     assert sched.pop_ready(1.0, 5) == []  # and the spacing after it is intact
     assert sched.pop_ready(1.5, 5) == [("t", "c")]
+
+
+def test_inflight_limit_bounds_a_slow_target_not_the_others() -> None:
+    sched: TargetScheduler[str] = TargetScheduler(lambda _t: 0.0, limit=2)
+    for i in range(10):
+        sched.push("slow", f"s{i}", 0.0)
+        sched.push("fast", f"f{i}", 0.0)
+    released = [sched.pop_ready(float(k), 10) for k in range(5)]
+    slow = [j for batch in released for t, j in batch if t == "slow"]
+    assert slow == ["s0", "s1"]  # nothing came back: two connections, no more
+    sched.done("fast", 5.0)  # a fast answer frees only the fast target's slot
+    assert [t for t, _ in sched.pop_ready(6.0, 10)] == ["fast"]
+    sched.done("slow", 6.0)
+    assert sched.pop_ready(7.0, 10) == [("slow", "s2")]
+    assert sched.inflight("slow") == 2
+
+
+def test_set_limit_applies_to_queued_work() -> None:
+    sched: TargetScheduler[str] = TargetScheduler(lambda _t: 1.0)
+    sched.set_limit("t", 1, 0.0)
+    for i in range(3):
+        sched.push("t", f"j{i}", 0.0)
+    assert sched.pop_ready(0.0, 10) == [("t", "j0")]
+    assert sched.pop_ready(1.0, 10) == []
+    sched.set_limit("t", 3, 1.0)  # regained: the queue flows again, one per interval
+    assert sched.pop_ready(1.0, 10) == [("t", "j1")]
+    assert sched.pop_ready(2.0, 10) == [("t", "j2")]
+
+
+def test_done_is_ignored_for_unknown_or_idle_targets() -> None:
+    sched: TargetScheduler[str] = TargetScheduler(lambda _t: 0.0)
+    sched.done("nobody", 0.0)
+    sched.push("t", "a", 0.0)
+    sched.done("t", 0.0)  # nothing in flight: no negative count
+    assert sched.inflight("t") == 0
+    assert sched.pop_ready(0.0, 5) == [("t", "a")]
+
+
+def test_take_tail_keeps_the_oldest_and_returns_the_newest_in_order() -> None:
+    sched: TargetScheduler[str] = TargetScheduler(lambda _t: 0.0)
+    for i in range(5):
+        sched.push("t", f"b{i}", 0.0)
+    sched.push("t", "h0", 0.0, tier=HIGH)
+    assert sched.take_tail("t", 3) == ["b2", "b3", "b4"]  # bulk tail first
+    assert len(sched) == 3 and sched.queued("t") == 3
+    assert sched.take_tail("t", 0) == ["h0", "b0", "b1"]
+    assert len(sched) == 0
+    assert sched.take_tail("nobody", 0) == []

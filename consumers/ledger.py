@@ -1,0 +1,218 @@
+"""The fetch stage's ledger: which jobs it holds, under which epoch, and what is safe to commit.
+
+Pure bookkeeping, no I/O, shared by the event loop (admit, finish) and the Kafka thread
+(rebalance callbacks, commits) under one lock:
+
+- every owned frontier partition has an *epoch*, bumped when it is assigned or revoked, so
+  work finishing after its partition moved is dropped (the next owner redoes it);
+- an :class:`OffsetTracker` per partition commits only below the oldest record in flight;
+- a dedupe key is *held* by the one job working on it, so a repeat is skipped while the
+  first is in flight, but not once that holder's partition moved (or the job would be lost);
+- dedupe-state and state-store changes of finished work are *pending* until the
+  transaction carrying them commits, then *committing*, then applied by the stage: the
+  local stores never hold aborted state.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from consumers.offsets import OffsetTracker
+from consumers.runtime import Output
+
+TP = tuple[str, int]
+#: (partition, dedupe key) → (seen state, attempt)
+SeenChanges = dict[tuple[int, str], tuple[str, int]]
+#: (partition, store key, value or None to delete) for the parked-queue store
+StoreChange = tuple[int, bytes, bytes | None]
+
+RETRYING = "RETRYING"
+
+
+@dataclass
+class Pending:
+    """A job between admission and completion, tagged with its partition's epoch.
+
+    A job read from the frontier has its record's ``offset``; one taken back from the
+    parked store has ``offset`` -1 and its ``park_key``, which its completion tombstones.
+    """
+
+    tp: TP
+    offset: int
+    epoch: int
+    job: dict[str, Any]
+    key: str
+    park_key: bytes | None = None
+    allowed_by: object | None = None  # robots rules already checked at dispatch: allowed
+
+    @property
+    def target(self) -> str:
+        return str(self.job["target"])
+
+    @property
+    def tier(self) -> int:
+        return int(self.job.get("priority", 0))
+
+
+@dataclass
+class CommitBatch:
+    """What one transaction carries, and what to apply locally once it committed."""
+
+    outputs: list[Output]
+    offsets: dict[TP, int]
+    seen: SeenChanges = field(default_factory=dict)
+    changes: list[StoreChange] = field(default_factory=list)
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.trackers: dict[TP, OffsetTracker] = {}
+        self.epochs: dict[TP, int] = {}
+        self._completed: list[Output] = []
+        self._pending_seen: SeenChanges = {}
+        self._committing_seen: SeenChanges = {}
+        self._pending_changes: list[StoreChange] = []
+        self._holders: dict[str, tuple[TP, int, int]] = {}
+
+    # --- ownership ------------------------------------------------------------------------
+
+    def assign(self, tps: list[TP]) -> None:
+        with self.lock:
+            for tp in tps:
+                self.trackers[tp] = OffsetTracker()
+                self.epochs[tp] = self.epochs.get(tp, 0) + 1
+
+    def revoke(self, tps: list[TP]) -> None:
+        """Work finishing from now on is the next owner's to redo."""
+        with self.lock:
+            for tp in tps:
+                self.epochs[tp] = self.epochs.get(tp, 0) + 1
+
+    def forget(self, tps: list[TP]) -> set[int]:
+        """Drop revoked partitions' trackers; returns the partition numbers still owned."""
+        with self.lock:
+            for tp in tps:
+                self.trackers.pop(tp, None)
+            return {tp[1] for tp in self.trackers}
+
+    def owns(self, tp: TP) -> bool:
+        with self.lock:
+            return tp in self.trackers
+
+    def current(self, tp: TP, epoch: int) -> bool:
+        return self.epochs.get(tp) == epoch
+
+    def epoch_of(self, tp: TP) -> int | None:
+        """The epoch of an owned partition (None if not owned)."""
+        with self.lock:
+            return self.epochs[tp] if tp in self.trackers else None
+
+    # --- jobs -----------------------------------------------------------------------------
+
+    def admit(self, tp: TP, offset: int) -> int | None:
+        """Start tracking a frontier record; its epoch, or None if the partition is gone."""
+        with self.lock:
+            tracker = self.trackers.get(tp)
+            if tracker is None:
+                return None
+            tracker.start(offset)
+            return self.epochs[tp]
+
+    def is_duplicate(self, pj: Pending,
+                     seen: Callable[[int, str], tuple[str, int] | None]) -> bool:
+        """Another live job holds the key, or committed state says it was done."""
+        holder = self._holders.get(pj.key)
+        if holder is not None and self.epochs.get(holder[0]) == holder[1]:
+            return True
+        ref = (pj.tp[1], pj.key)
+        state = self._pending_seen.get(ref) or self._committing_seen.get(ref) \
+            or seen(pj.tp[1], pj.key)
+        if state is None:
+            return False
+        return state[0] != RETRYING or state[1] != pj.job["attempt"]
+
+    def hold(self, pj: Pending) -> None:
+        self._holders[pj.key] = (pj.tp, pj.epoch, pj.offset)
+
+    def release(self, pj: Pending) -> None:
+        """Only the job holding the key releases it (a skipped repeat must not)."""
+        if self._holders.get(pj.key) == (pj.tp, pj.epoch, pj.offset):
+            del self._holders[pj.key]
+
+    def finish(self, pj: Pending, outputs: list[Output], seen: tuple[str, int] | None,
+               changes: list[StoreChange] | None = None) -> bool:
+        """Record a job's results for the next transaction; False if its partition moved."""
+        self.release(pj)
+        with self.lock:
+            if self.epochs.get(pj.tp) != pj.epoch:
+                return False
+            if seen is not None:
+                self._pending_seen[(pj.tp[1], pj.key)] = seen
+            self._completed.extend(outputs)
+            if changes:
+                self._pending_changes.extend(changes)
+            tracker = self.trackers.get(pj.tp)
+            if tracker is not None and pj.offset >= 0:
+                tracker.done(pj.offset)
+            return True
+
+    def finish_raw(self, tp: TP, offset: int, epoch: int, outputs: list[Output]) -> bool:
+        """A record that never became a job (undecodable, invalid URL)."""
+        with self.lock:
+            if self.epochs.get(tp) != epoch:
+                return False
+            self._completed.extend(outputs)
+            tracker = self.trackers.get(tp)
+            if tracker is not None:
+                tracker.done(offset)
+            return True
+
+    @property
+    def completed(self) -> int:
+        return len(self._completed)
+
+    def drop_holders(self, keep: Callable[[TP, int], bool]) -> None:
+        self._holders = {k: h for k, h in self._holders.items() if keep(h[0], h[1])}
+
+    # --- commits --------------------------------------------------------------------------
+
+    def take_commit(self, positions: dict[TP, int]) -> CommitBatch | None:
+        """The next transaction's content (None: nothing to commit).
+
+        ``positions`` are the consumer's positions, past transaction markers: with nothing
+        in flight they are safe to commit, so an idle stage's lag reaches 0. A transaction
+        with outputs carries every owned partition's offset even if unchanged, so the broker
+        checks this worker still owns them (a zombie's outputs would otherwise commit).
+        """
+        with self.lock:
+            for tp, pos in positions.items():
+                tracker = self.trackers.get(tp)
+                if tracker is not None and pos >= 0:
+                    tracker.advance_to(pos)
+            outputs, self._completed = self._completed, []
+            seen, self._pending_seen = self._pending_seen, {}
+            changes, self._pending_changes = self._pending_changes, []
+            points = {tp: (t.safe_point() if outputs else t.commit_point())
+                      for tp, t in self.trackers.items()}
+            offsets = {tp: o for tp, o in points.items() if o is not None}
+            if not offsets:
+                return None  # nothing new, or we own nothing any more: not ours to commit
+            self._committing_seen = seen
+            return CommitBatch(outputs, offsets, seen, changes)
+
+    def committed(self, batch: CommitBatch) -> None:
+        with self.lock:
+            self._committing_seen = {}
+            for tp, offset in batch.offsets.items():
+                tracker = self.trackers.get(tp)
+                if tracker is not None:
+                    tracker.committed(offset)
+
+    def aborted(self) -> None:
+        """The batch never committed: its dedupe state must not count as seen."""
+        with self.lock:
+            self._committing_seen = {}

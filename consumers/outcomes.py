@@ -1,0 +1,131 @@
+"""The fetch stage's outcome rules: a response or an error → the records it produces.
+
+One finished request becomes: its outputs (page, retry or dead letter, and one telemetry
+event carrying the version tuple), the dedupe state to write, and the :class:`Signal` it
+gives its target's adaptive limits (with the site's Retry-After, if any). Pure apart from
+encoding: no Kafka, no clock beyond timestamps on the records.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from consumers.classify import Signal, Verdict, classify_status
+from consumers.http_fetch import HTTP_LIB_VERSION, TLS_LIB_VERSION, Response
+from consumers.ledger import Pending
+from consumers.runtime import Encoder, Output
+from consumers.seen import DEAD, DONE, RETRYING
+from crawlfleet import __version__
+from crawlfleet.config import Settings
+from crawlfleet.errors import ConnectError, CrawlfleetError, FetchTimeoutError
+from schemas.topics import Topology
+
+FETCHER_VERSION = f"crawlfleet-fetch/{__version__}"
+
+
+@dataclass
+class Result:
+    outputs: list[Output]
+    seen: tuple[str, int]  # the job's dedupe state once this commits
+    signal: Signal = Signal.NEUTRAL
+    retry_after_s: float | None = None
+
+
+class OutcomeRules:
+    def __init__(self, settings: Settings, topology: Topology, encoder: Encoder,
+                 worker: str) -> None:
+        self.s = settings
+        self.topology = topology
+        self.enc = encoder
+        self.worker = worker
+        self.block_statuses = frozenset(settings.block_statuses)
+
+    def response(self, pj: Pending, resp: Response, started: float) -> Result:
+        job = pj.job
+        outcome = classify_status(resp.status, resp.retry_after, job["attempt"],
+                                  block_statuses=self.block_statuses)
+        if outcome.verdict is Verdict.STORE:
+            result = self.enc.record(self.topology.fetched, "FetchResult", pj.target,
+                                     pj.key.encode(), {
+                "job": job, "final_url": resp.url, "status": resp.status,
+                "content_type": resp.content_type, "body": resp.body,
+                "fetched_at_ms": int(time.time() * 1000), "elapsed_ms": resp.elapsed_ms,
+                "redirects": resp.redirects, "worker": self.worker})
+            label = "blocked" if outcome.blocked else "ok"
+            return Result([result, self.event(pj, resp.status, label, outcome.reason, started,
+                                              len(resp.body))],
+                          (DONE, job["attempt"]), outcome.signal)
+        if outcome.verdict is Verdict.RETRY:
+            res = self.retry_or_dead(pj, outcome.reason, outcome.delay_s, resp.status, started)
+        else:
+            res = self.dead(pj, outcome.reason, f"HTTP {resp.status} from {resp.url}",
+                            resp.status, started)
+        res.signal, res.retry_after_s = outcome.signal, outcome.retry_after_s
+        return res
+
+    def error(self, pj: Pending, exc: CrawlfleetError, started: float) -> Result:
+        """A request that got no usable answer: timeouts and refused connections slow the
+        target like a 5xx; other errors (our own caps, bad URLs) say nothing about it."""
+        signal = Signal.ERROR if isinstance(exc, FetchTimeoutError | ConnectError) \
+            else Signal.NEUTRAL
+        if exc.retryable:
+            res = self.retry_or_dead(pj, exc.reason, 0.0, 0, started, str(exc))
+        else:
+            res = self.dead(pj, exc.reason, str(exc), 0, started)
+        res.signal = signal
+        return res
+
+    def retry_or_dead(self, pj: Pending, reason: str, delay_s: float, status: int,
+                      started: float, error: str = "") -> Result:
+        job = pj.job
+        attempt = job["attempt"] + 1
+        if attempt >= self.s.max_attempts:
+            return self.dead(pj, reason, error or f"gave up after {attempt} attempts",
+                             status, started)
+        tier = self.topology.retry_tier_for(delay_s)
+        again = {**job, "attempt": attempt, "last_error": reason,
+                 "delay_ms": int(max(delay_s, tier) * 1000)}
+        return Result([self.enc.job(self.topology.retry(tier), again),
+                       self.event(pj, status, "retry", reason, started, 0)],
+                      (RETRYING, attempt))
+
+    def dead(self, pj: Pending, reason: str, error: str, status: int,
+             started: float) -> Result:
+        job = pj.job
+        return Result([self.enc.dead(job, None, pj.tp[0], reason, error, job["attempt"] + 1),
+                       self.event(pj, status, "dead", reason, started, 0)],
+                      (DEAD, job["attempt"]))
+
+    def wait(self, pj: Pending, delay_s: float) -> Output:
+        """The job, unchanged but for its delay, into the retry tier covering ``delay_s``."""
+        tier = self.topology.retry_tier_for(delay_s)
+        return self.enc.job(self.topology.retry(tier),
+                            {**pj.job, "delay_ms": int(max(delay_s, tier) * 1000)})
+
+    def park(self, pj: Pending) -> Output:
+        """The parked-queue changelog record of a job going to disk (see consumers.parking)."""
+        assert pj.park_key is not None
+        return self.enc.record(self.topology.parked, "CrawlJob", pj.target, pj.park_key, pj.job)
+
+    def unpark(self, pj: Pending) -> Output:
+        """The tombstone of a parked job's entry, written when the job moves on."""
+        assert pj.park_key is not None
+        return self.enc.record(self.topology.parked, "CrawlJob", pj.target, pj.park_key, None)
+
+    def seen(self, pj: Pending, state: tuple[str, int]) -> Output:
+        return self.enc.record(self.topology.seen, "Seen", pj.target, pj.key.encode(),
+                               {"state": state[0], "attempt": state[1], "status": 0})
+
+    def event(self, pj: Pending, status: int, outcome: str, reason: str, started: float,
+              size: int) -> Output:
+        job = pj.job
+        return self.enc.record(self.topology.telemetry, "FetchEvent", pj.target,
+                               pj.key.encode(), {
+            "url": job["url"], "target": pj.target, "profile": job["profile"],
+            "attempt": job["attempt"], "status": status, "outcome": outcome, "reason": reason,
+            "elapsed_ms": int((time.monotonic() - started) * 1000), "bytes": size,
+            "worker": self.worker, "fetcher_version": FETCHER_VERSION,
+            "http_version": HTTP_LIB_VERSION, "tls_version": TLS_LIB_VERSION,
+            "profile_bundle_version": self.s.profile_bundle_version,
+            "code_revision": self.s.code_revision, "ts_ms": int(time.time() * 1000)})

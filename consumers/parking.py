@@ -1,0 +1,240 @@
+"""Parked per-target queues: work beyond a target's memory share, on disk, in order.
+
+A fetch worker keeps in memory only a target's *share* (a few seconds of work at its current
+rate plus a small floor); a frontier record beyond it is *parked*: written to the compacted
+``crawl.parked`` changelog in the transaction that commits its frontier offset, and applied
+to the partition-owned :class:`StateStore` once that commits (BUbiNG's per-host
+"virtualizer", as a Kafka Streams state store). When the target has room again, its parked
+jobs come back in order; a job's completion tombstones its parked entry in the transaction
+that commits its results. A crash in between redoes the job, and the dedupe keys suppress
+a second side effect.
+
+Keys are ``target NUL tier offset``: the high tier sorts first, and within a tier the
+frontier offset keeps publication order, also for jobs that go back to disk again (a target
+deferred for long sheds its queue here, and its jobs slot back in where they were).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, ParamSpec, TypeVar
+
+from consumers.ledger import StoreChange
+from consumers.state_store import StateStore
+from schemas.topics import partition_for
+
+HIGH_BYTE, BULK_BYTE = b"\x00", b"\x01"
+P = ParamSpec("P")
+Q = tuple[str, int]  # one parked queue: (target, tier)
+R = TypeVar("R")
+
+
+def park_key(target: str, tier: int, offset: int) -> bytes:
+    return _prefix(target, tier) + offset.to_bytes(8, "big")
+
+
+def target_of_key(key: bytes) -> str:
+    return key[:key.index(b"\x00")].decode()
+
+
+def queue_of_key(key: bytes) -> tuple[str, int]:
+    """(target, tier) of a parked key."""
+    cut = key.index(b"\x00")
+    return key[:cut].decode(), 1 if key[cut + 1:cut + 2] == HIGH_BYTE else 0
+
+
+def _prefix(target: str, tier: int) -> bytes:
+    return target.encode() + b"\x00" + (HIGH_BYTE if tier > 0 else BULK_BYTE)
+
+
+def encode_job(job: dict[str, Any]) -> bytes:
+    return json.dumps(job, separators=(",", ":")).encode()
+
+
+def decode_job(raw: bytes) -> dict[str, Any]:
+    job: dict[str, Any] = json.loads(raw)
+    return job
+
+
+def share_of(rate: float, horizon_s: float, floor: int, inflight_limit: int,
+             ceiling: int) -> int:
+    """Jobs a target may hold in memory: ``horizon_s`` of work at ``rate`` requests/s plus
+    what may be in flight and a floor, never more than ``ceiling``."""
+    work = rate * horizon_s if math.isfinite(rate) else float(ceiling)
+    return max(1, min(ceiling, floor + inflight_limit + math.ceil(min(work, ceiling))))
+
+
+def _locked(fn: Callable[P, R]) -> Callable[P, R]:
+    """Counts change on the event loop (park, take) and on Kafka's thread (commits,
+    rebalances): every public method holds the instance's lock."""
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        with args[0]._lock:  # type: ignore[attr-defined]
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+class ParkedQueues:
+    """Counts and moves of the parked jobs of the partitions this worker owns.
+
+    Each (target, tier) is one queue. ``stored`` counts its committed entries; ``taken`` are
+    entries back in memory (not yet tombstoned by a committed transaction); ``pending``
+    counts parks not yet committed. A queue with parked work takes new arrivals behind it
+    (parks them too), so order is kept; tiers are separate queues, so the scheduler's
+    high:bulk mix still sees both.
+    """
+
+    def __init__(self, store: StateStore, partitions: int) -> None:
+        self.store = store
+        self.partitions = partitions
+        self._stored: dict[Q, int] = {}
+        self._taken: set[bytes] = set()
+        self._taken_n: dict[Q, int] = {}
+        self._pending: dict[Q, int] = {}
+        self._lock = threading.RLock()
+        # Entries per partition, committed or pending (the backlog reported to the fleet),
+        # and the partitions whose count changed since :meth:`backlog_changes` last asked.
+        self._per_part: dict[int, int] = {}
+        self._changed: set[int] = set()
+
+    # --- counts ---------------------------------------------------------------------------
+
+    @_locked
+    def available(self, target: str, tier: int | None = None) -> int:
+        """Committed entries not in memory (of one tier, or both): what a refill can take."""
+        tiers = (0, 1) if tier is None else (tier,)
+        return sum(self._stored.get((target, t), 0) - self._taken_n.get((target, t), 0)
+                   for t in tiers)
+
+    @_locked
+    def must_park(self, target: str, tier: int) -> bool:
+        """New work goes behind what its queue has parked, or order would be lost."""
+        q = (target, tier)
+        return self.available(target, tier) > 0 or self._pending.get(q, 0) > 0
+
+    @_locked
+    def total(self) -> int:
+        """Jobs parked (committed or not) and not in memory: for the ``parked`` gauge."""
+        return sum(self._stored.values()) - len(self._taken) + sum(self._pending.values())
+
+    @_locked
+    def backlog_changes(self) -> dict[int, int]:
+        """Parked entries of each partition whose count changed since the last call."""
+        out = {p: self._per_part.get(p, 0) for p in self._changed}
+        self._changed.clear()
+        return out
+
+    def _count(self, partition: int, delta: int) -> None:
+        self._per_part[partition] = self._per_part.get(partition, 0) + delta
+        self._changed.add(partition)
+
+    @staticmethod
+    def _add(counts: dict[Q, int], q: Q, delta: int) -> None:
+        n = counts.get(q, 0) + delta
+        if n > 0:
+            counts[q] = n
+        else:
+            counts.pop(q, None)
+
+    # --- partitions -----------------------------------------------------------------------
+
+    @_locked
+    def restored(self, partition: int) -> list[str]:
+        """Count a freshly restored partition's entries; returns its targets with work."""
+        n, targets = 0, set()
+        for key, _ in self.store.scan(partition):
+            q = queue_of_key(key)
+            self._add(self._stored, q, 1)
+            targets.add(q[0])
+            n += 1
+        self._count(partition, n)
+        return list(targets)
+
+    @_locked
+    def dropped(self, partition: int) -> None:
+        """Forget a revoked partition's counts (its store is closed by the caller)."""
+        def gone(q: Q) -> bool:
+            return partition_for(q[0], self.partitions) == partition
+        for counts in (self._stored, self._taken_n, self._pending):
+            for q in [q for q in counts if gone(q)]:
+                del counts[q]
+        self._taken = {k for k in self._taken if not gone(queue_of_key(k))}
+        self._per_part.pop(partition, None)
+        self._changed.discard(partition)  # its next owner reports it
+
+    # --- moves ----------------------------------------------------------------------------
+
+    @_locked
+    def park(self, partition: int, key: bytes, job: dict[str, Any]) -> StoreChange:
+        """A job goes to disk: the change to commit (and apply once committed)."""
+        self._add(self._pending, queue_of_key(key), 1)
+        self._count(partition, 1)
+        return partition, key, encode_job(job)
+
+    @_locked
+    def take(self, partition: int, target: str, tier: int,
+             n: int) -> list[tuple[bytes, dict[str, Any]]]:
+        """Up to ``n`` of the queue's oldest parked jobs back into memory."""
+        if n <= 0 or self.available(target, tier) <= 0:
+            return []
+        out = self._scan(partition, _prefix(target, tier), n)
+        for key, _ in out:
+            self._taken.add(key)
+            self._add(self._taken_n, (target, tier), 1)
+        return [(k, decode_job(v)) for k, v in out]
+
+    def _scan(self, partition: int, prefix: bytes, n: int) -> list[tuple[bytes, bytes]]:
+        out: list[tuple[bytes, bytes]] = []
+        start: bytes | None = None
+        while len(out) < n:
+            batch = self.store.scan(partition, prefix, limit=n + 16, start=start)
+            out += [(k, v) for k, v in batch if k not in self._taken][:n - len(out)]
+            if len(batch) < n + 16:
+                break
+            start = batch[-1][0] + b"\x00"  # the next key after the last one scanned
+        return out
+
+    @_locked
+    def untake(self, key: bytes) -> None:
+        """A taken job goes back to disk unchanged (its entry is still in the store)."""
+        if key in self._taken:
+            self._taken.discard(key)
+            self._add(self._taken_n, queue_of_key(key), -1)
+
+    @_locked
+    def committed(self, changes: Iterable[StoreChange]) -> set[str]:
+        """Apply committed changes to the store; returns the targets that gained work."""
+        by_part: dict[int, list[tuple[bytes, bytes | None]]] = {}
+        gained: set[str] = set()
+        owned = self.store.partitions()
+        for partition, key, value in changes:
+            if partition not in owned:
+                continue  # revoked meanwhile: the next owner restores it from the changelog
+            by_part.setdefault(partition, []).append((key, value))
+            q = queue_of_key(key)
+            if value is None:  # done: the entry leaves the store and memory
+                self._add(self._stored, q, -1)
+                self._count(partition, -1)
+                if key in self._taken:
+                    self._taken.discard(key)
+                    self._add(self._taken_n, q, -1)
+            else:
+                self._add(self._pending, q, -1)
+                self._add(self._stored, q, 1)
+                gained.add(q[0])
+        for partition, items in by_part.items():
+            self.store.apply(partition, items)
+        return gained
+
+    @_locked
+    def aborted(self, changes: Iterable[StoreChange]) -> None:
+        """The parks never committed: they are redone from the frontier."""
+        for partition, key, value in changes:
+            if value is not None:
+                if partition in self._per_part:
+                    self._count(partition, -1)
+                self._add(self._pending, queue_of_key(key), -1)

@@ -1,0 +1,74 @@
+"""The fetch stage's robots.txt cache: one fetch per origin and TTL, shared by its jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from consumers.http_fetch import Fetcher
+from consumers.robots import (
+    MAX_ROBOTS_BYTES,
+    UNREACHABLE_RETRY_S,
+    RobotsRules,
+    rules_from_response,
+)
+from crawlfleet.errors import CrawlfleetError
+from crawlfleet.urls import origin_of
+
+
+class RobotsCache:
+    """Rules per origin; ``on_rules(target, min_interval_s)`` hears each fetched file's
+    Crawl-delay / Request-rate, so the target's interval can honour it."""
+
+    def __init__(self, agent: str, ttl_s: float,
+                 on_rules: Callable[[str, float], None]) -> None:
+        self.agent = agent
+        self.ttl_s = ttl_s
+        self.on_rules = on_rules
+        self.fetcher: Fetcher | None = None
+        self.fetched = 0
+        self._rules: dict[str, RobotsRules] = {}
+        self._expiry: dict[str, float] = {}
+        self._pending: dict[str, asyncio.Future[RobotsRules]] = {}
+
+    def known(self, url: str) -> RobotsRules | None:
+        """Rules already cached for the URL's origin (even if due for a refresh)."""
+        return self._rules.get(origin_of(url))
+
+    async def rules_for(self, url: str, target: str) -> RobotsRules | None:
+        """Cached rules for the URL's origin; None means "fetched them just now, requeue"
+        (that request was the target's slot)."""
+        origin = origin_of(url)
+        rules = self._rules.get(origin)
+        if rules is not None and self._expiry.get(origin, 0) > time.monotonic():
+            return rules
+        pending = self._pending.get(origin)
+        if pending is not None:
+            await asyncio.shield(pending)
+            return None
+        fut: asyncio.Future[RobotsRules] = asyncio.get_running_loop().create_future()
+        self._pending[origin] = fut
+        try:
+            rules = await self._fetch(origin)
+            self._rules[origin] = rules
+            ttl = UNREACHABLE_RETRY_S if rules.unreachable else self.ttl_s
+            self._expiry[origin] = time.monotonic() + ttl
+            self.on_rules(target, rules.min_interval_s)
+            fut.set_result(rules)
+        finally:
+            del self._pending[origin]
+            if not fut.done():
+                fut.cancel()
+        self.fetched += 1
+        return None
+
+    async def _fetch(self, origin: str) -> RobotsRules:
+        assert self.fetcher is not None
+        try:
+            resp = await self.fetcher.get(origin + "/robots.txt", max_bytes=MAX_ROBOTS_BYTES)
+        except (CrawlfleetError, aiohttp.ClientError):
+            return rules_from_response(None, b"", self.agent)
+        return rules_from_response(resp.status, resp.body, self.agent)
