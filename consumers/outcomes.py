@@ -19,7 +19,7 @@ from consumers.seen import DEAD, DONE, RETRYING
 from crawlfleet import __version__
 from crawlfleet.config import Settings
 from crawlfleet.errors import ConnectError, CrawlfleetError, FetchTimeoutError
-from schemas.topics import Topology
+from schemas.topics import RETRY_DELAYS_S, Topology
 
 FETCHER_VERSION = f"crawlfleet-fetch/{__version__}"
 
@@ -84,8 +84,10 @@ class OutcomeRules:
             return self.dead(pj, reason, error or f"gave up after {attempt} attempts",
                              status, started)
         tier = self.topology.retry_tier_for(delay_s)
+        # The exact delay (at least the shortest tier's): the retry stage's timer store
+        # fires each job when its own delay is up, whatever tier carried it.
         again = {**job, "attempt": attempt, "last_error": reason,
-                 "delay_ms": int(max(delay_s, tier) * 1000)}
+                 "delay_ms": int(max(delay_s, RETRY_DELAYS_S[0]) * 1000)}
         return Result([self.enc.job(self.topology.retry(tier), again),
                        self.event(pj, status, "retry", reason, started, 0)],
                       (RETRYING, attempt))
@@ -96,12 +98,6 @@ class OutcomeRules:
         return Result([self.enc.dead(job, None, pj.tp[0], reason, error, job["attempt"] + 1),
                        self.event(pj, status, "dead", reason, started, 0)],
                       (DEAD, job["attempt"]))
-
-    def wait(self, pj: Pending, delay_s: float) -> Output:
-        """The job, unchanged but for its delay, into the retry tier covering ``delay_s``."""
-        tier = self.topology.retry_tier_for(delay_s)
-        return self.enc.job(self.topology.retry(tier),
-                            {**pj.job, "delay_ms": int(max(delay_s, tier) * 1000)})
 
     def park(self, pj: Pending) -> Output:
         """The parked-queue changelog record of a job going to disk (see consumers.parking)."""
