@@ -7,8 +7,9 @@ FROM pages FINAL GROUP BY minute ORDER BY minute;
 CREATE VIEW IF NOT EXISTS dash_target_health AS
 SELECT target, count() AS attempts, countIf(outcome = 'ok') AS ok,
        countIf(outcome = 'retry') AS retries, countIf(outcome = 'dead') AS dead,
-       countIf(status IN (403, 429, 503)) AS pushback,
-       round(countIf(status IN (403, 429, 503)) / count(), 4) AS block_rate
+       countIf(outcome = 'blocked') AS blocked,
+       countIf(outcome = 'blocked' OR status IN (429, 503)) AS pushback,
+       round(countIf(outcome = 'blocked' OR status = 429) / count(), 4) AS block_rate
 FROM fetch_events FINAL GROUP BY target ORDER BY attempts DESC;
 
 CREATE VIEW IF NOT EXISTS dash_dead_by_reason AS

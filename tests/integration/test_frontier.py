@@ -189,3 +189,28 @@ def test_a_long_retry_after_rests_its_site_while_others_retry_on_time(
     assert len(site.pages(resting)) == 1  # one 429, then it rests for the hour
     assert dead == 0  # its jobs wait (parked), they are not dropped
     assert gauges.get("parked", 0) >= 29, gauges
+
+
+def test_a_blocking_site_is_blocked_never_success_and_gets_less_traffic(
+        settings: Settings, fleet_factory: Callable[..., Fleet]) -> None:
+    blocking, other = _hosts(2, 2)
+    s = settings.replace(rate_cap=10.0)
+    port = _port([blocking, other])
+    with BehaviourSite(port, {blocking: Behaviour(status=403), other: Behaviour()}) as site:
+        fleet_factory(s)
+        publish(site.urls(blocking, 60) + site.urls(other, 60), s)
+        wait_until(lambda: _stored(s, other) >= 60, 120, "every healthy page stored")
+        last = site.pages(other)[-1][0]
+        to_blocking = sum(1 for t, _, _ in site.pages(blocking) if t <= last)
+        wait_until(lambda: int(query(s, "SELECT count() FROM fetch_events FINAL WHERE "
+                                        f"target = '{blocking}'")[0][0]) >= to_blocking,
+                   60, "the blocked attempts' telemetry")
+        rows = query(s, "SELECT outcome, count() FROM fetch_events FINAL "
+                        f"WHERE target = '{blocking}' GROUP BY outcome")
+        health = query(s, f"SELECT ok, blocked FROM dash_target_health WHERE target = "
+                          f"'{blocking}'")
+    outcomes = {str(o): int(n) for o, n in rows}
+    assert set(outcomes) == {"blocked"}, outcomes  # never "ok"
+    assert health and int(health[0][0]) == 0 and int(health[0][1]) == outcomes["blocked"]
+    # Same cap, same number of URLs: the site that says no got a fraction of the traffic.
+    assert to_blocking <= 0.5 * 60, to_blocking
