@@ -666,7 +666,12 @@ class _Session:
         try:
             rules = await self.robots.rules_for(job["url"], target)
             if rules is None:  # this slot was spent on robots.txt: go again later
-                self.sched.push_front(target, pj, time.monotonic(), tier=pj.tier)
+                now = time.monotonic()
+                self.sched.push_front(target, pj, now, tier=pj.tier)
+                # A full interval after the answer, not after the release: the robots.txt
+                # request may have left late (a burst of new targets), and the site counts
+                # the gap between the requests it saw.
+                self.sched.defer(target, now + self._interval(target))
                 return
             if rules.unreachable:
                 result = self.rules.retry_or_dead(pj, "robots_unreachable",

@@ -210,21 +210,30 @@ class ParkedQueues:
         """Apply committed changes to the store; returns the targets that gained work."""
         by_part: dict[int, list[tuple[bytes, bytes | None]]] = {}
         gained: set[str] = set()
+        staged: dict[bytes, bool] = {}
         owned = self.store.partitions()
         for partition, key, value in changes:
             if partition not in owned:
                 continue  # revoked meanwhile: the next owner restores it from the changelog
             by_part.setdefault(partition, []).append((key, value))
             q = queue_of_key(key)
+            # A replayed frontier record parks again under the same key: count entries,
+            # not writes (what the store holds, with this batch's earlier changes).
+            there = staged.get(key, self.store.get(partition, key) is not None)
+            staged[key] = value is not None
             if value is None:  # done: the entry leaves the store and memory
-                self._add(self._stored, q, -1)
-                self._count(partition, -1)
+                if there:
+                    self._add(self._stored, q, -1)
+                    self._count(partition, -1)
                 if key in self._taken:
                     self._taken.discard(key)
                     self._add(self._taken_n, q, -1)
             else:
                 self._add(self._pending, q, -1)
-                self._add(self._stored, q, 1)
+                if there:
+                    self._count(partition, -1)  # park() counted it as new
+                else:
+                    self._add(self._stored, q, 1)
                 gained.add(q[0])
         for partition, items in by_part.items():
             self.store.apply(partition, items)

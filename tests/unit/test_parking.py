@@ -117,3 +117,18 @@ def test_commits_for_a_partition_no_longer_owned_are_ignored(queues: ParkedQueue
                                                 (1e6, 2500), (float("inf"), 2500)])
 def test_share_is_seconds_of_work_plus_floor_capped(rate: float, expected: int) -> None:
     assert share_of(rate, 5.0, 8, 8, 2500) == expected
+
+
+def test_a_replayed_park_of_a_stored_key_is_counted_once(queues: ParkedQueues) -> None:
+    _park(queues, "a", range(3))
+    _park(queues, "a", range(3))  # the same frontier records, replayed after a crash
+    assert queues.available("a", 0) == 3 and queues.total() == 3
+    assert queues.backlog_changes() == {partition_for("a", PARTS): 3}
+    part = partition_for("a", PARTS)
+    key = park_key("a", 0, 0)
+    # park then tombstone of one key in one batch, and a tombstone of a key never stored
+    queues.committed([queues.park(part, park_key("a", 0, 9), _job("a", 9)),
+                      (part, park_key("a", 0, 9), None), (part, park_key("a", 0, 77), None),
+                      (part, key, None)])
+    assert queues.available("a", 0) == 2 and queues.total() == 2
+    assert queues.backlog_changes() == {part: 2}
