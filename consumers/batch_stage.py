@@ -134,6 +134,23 @@ class BatchStage(ABC):
         """Hook: called before each batch, when all earlier outputs are committed."""
         return
 
+    def own_outputs(self) -> list[Output]:
+        """Hook: outputs not derived from this batch's records (the retry stage's due timers).
+
+        They commit in the batch's transaction, which then carries every input offset this
+        generation has committed, so the broker fences a stale owner's commit even when no
+        input moved.
+        """
+        return []
+
+    def committed(self) -> None:
+        """Hook: the batch's transaction committed; apply the local state derived from it."""
+        return
+
+    def held_partitions(self) -> int:
+        """Input partitions this stage holds back (paused until due, or not ready)."""
+        return len(self._paused_until)
+
     def _process(self, consumer: Consumer, committer: TxnCommitter,
                  msgs: list[Message]) -> list[Message]:
         """One transaction over a prefix of ``msgs``; returns the records left for the next.
@@ -184,11 +201,14 @@ class BatchStage(ABC):
             if pos.offset >= 0 and key not in unfinished and pos.offset > offsets.get(key, -1):
                 offsets[key] = pos.offset
         changed = {k: o for k, o in offsets.items() if self._committed.get(k) != o}
-        if not changed:
+        own = self.own_outputs()
+        if not changed and not own:
             return rest
+        outputs.extend(own)
+        commit = {**self._committed, **changed} if own else changed
         try:
             committer.commit(consumer, outputs,
-                             [TopicPartition(t, p, o) for (t, p), o in changed.items()])
+                             [TopicPartition(t, p, o) for (t, p), o in commit.items()])
             self._committed.update(changed)
             self.status.add("committed_txns")
             self.slow_start.committed(processed)
@@ -198,6 +218,7 @@ class BatchStage(ABC):
             self.rolled_back()
             rewind(consumer, consumer.assignment())
             return []
+        self.committed()
         return rest
 
     def _hold(self, consumer: Consumer, msg: Message, wait_s: float) -> None:
@@ -214,4 +235,4 @@ class BatchStage(ABC):
             consumer.resume([TopicPartition(t, p) for t, p in due])
             for k in due:
                 del self._paused_until[k]
-        self.status.gauges["held_partitions"] = len(self._paused_until)
+        self.status.gauges["held_partitions"] = self.held_partitions()

@@ -1,21 +1,59 @@
-"""Retry scheduler: holds jobs in ``crawl.retry.<delay>`` tiers, then re-enqueues them.
+"""Retry scheduler: a keyed timer store (due time -> job) fed by the ``crawl.retry.<delay>`` tiers.
 
-Delays are measured without trusting this worker's wall clock: the first record seen in a
-partition anchors broker time (LogAppendTime) to the local monotonic clock, and later
-records are due at anchor + (their broker time - anchor broker time) + delay. A restart
-re-anchors, which can only make a job wait longer, never shorter.
+Each tier record is due at its LogAppendTime plus the job's own ``delay_ms`` (the tier's
+delay if it has none: :func:`consumers.timers.due_ms`). A record already due goes straight
+back to the frontier; any other becomes a timer: a record on the compacted ``crawl.timers``
+changelog (same partition number as its tier partition: every target topic is
+co-partitioned), keyed so keys sort by due time (:mod:`consumers.timers`), committed in the
+transaction that commits the tier offset. The local store (:class:`StateStore`, one RocksDB
+per owned partition) gets the timer only after that commit. Between polls the stage fires
+what is due: each due job to the frontier and a tombstone for its timer, in one transaction
+(with the batch's inputs, if any); the deletions reach the store after it commits. So a job
+due in 2 s is never behind one due in an hour, whatever their tier.
+
+Time is the broker's, never this worker's wall clock: :class:`BrokerClock` bounds broker-now
+from below by every broker timestamp seen (tier records, timers read in restore, and the
+delivery report of a tiny probe write while timers wait), so a timer can fire late, never
+early.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections import defaultdict
 from typing import Any
 
-from confluent_kafka import Message, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
-from consumers.batch_stage import BatchStage, NotDueError
-from consumers.runtime import Output, tp_of
-from schemas.topics import RETRY_DELAYS_S
+from consumers import timers
+from consumers.batch_stage import BatchStage
+from consumers.runtime import Output, offset_of, producer_conf, tp_of
+from consumers.state_store import META, StateStore
+from crawlfleet.errors import DecodeError
+from schemas.topics import HEADER_SCHEMA, RETRY_DELAYS_S
+
+log = logging.getLogger("crawlfleet.retry")
+
+#: Due jobs fired per transaction (each is a frontier record plus a tombstone).
+FIRE_BATCH = 1000
+#: While timers wait, refresh the broker-time bound this often with a probe write.
+PROBE_EVERY_S = 30.0
+#: A partition whose store could not be restored is retried this often (kept paused).
+RESTORE_RETRY_S = 30.0
+RESTORE_TIMEOUT_S = 60.0
+#: Key of the probe record: a tombstone under the store's reserved prefix, which restores skip.
+PROBE_KEY = META + b"clock-probe"
+
+Change = tuple[bytes, bytes | None]
 
 
 class RetryStage(BatchStage):
@@ -23,33 +61,256 @@ class RetryStage(BatchStage):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._delay_of = {self.topology.retry(d): float(d) for d in RETRY_DELAYS_S}
-        self._anchor: dict[tuple[str, int], tuple[int, float]] = {}
+        self._tiers = {self.topology.retry(d): (i, d * 1000) for i, d in enumerate(RETRY_DELAYS_S)}
+        self.clock = timers.BrokerClock()
+        self.store = StateStore("timers", self.settings.data_dir / "timers" / (
+            self.topology.prefix.rstrip(".") or "default") / self.worker)
+        self._counts: dict[int, int] = {}  # live timers per usable partition
+        self._pending: dict[int, list[Change]] = defaultdict(list)  # uncommitted changes
+        self._unready: set[int] = set()  # assigned, but no usable store: inputs paused
+        self._restore_at = 0.0
+        self._probe: Producer | None = None
+        self._probed_at: float | None = None
+        self._consumer: Consumer | None = None  # for restores retried outside the callback
+        # Committed offsets read at assignment, for the base class once it has forgotten the
+        # former generation's (its first batch after a rebalance): with them, a transaction
+        # that only fires timers still carries offsets, so the broker checks our generation.
+        self._assigned_offsets: dict[tuple[str, int], int] = {}
+        self._create_time: set[tuple[str, int]] = set()  # tier partitions warned about
 
     def input_topics(self) -> list[str]:
         return self.topology.retry_topics
 
-    def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        super()._on_assign(consumer, partitions)
-        self._anchor.clear()
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:
+            self.store.close()
+            if self._probe is not None:
+                self._probe.flush(5)
+
+    # --- inputs ---------------------------------------------------------------------------
 
     def handle(self, msg: Message) -> list[Output]:
         job = self.encoder.decode("CrawlJob", msg)
-        key = tp_of(msg)
-        wait = max(self._delay_of.get(key[0], 0.0), job.get("delay_ms", 0) / 1000.0)
-        remaining = self._due_in(msg, wait)
-        if remaining > 0:
-            self.status.gauges["waiting"] = 1
-            raise NotDueError(remaining)
-        self.status.gauges["waiting"] = 0
+        topic, part = tp_of(msg)
+        tier, tier_delay_ms = self._tiers[topic]
+        ts_type, ts = msg.timestamp()
+        if ts_type == TIMESTAMP_LOG_APPEND_TIME:
+            self.clock.observe(ts, time.monotonic_ns())
+        elif (topic, part) not in self._create_time:
+            # A producer's clock must not move the estimate (it could make timers early).
+            self._create_time.add((topic, part))
+            log.warning("%s p%d has no LogAppendTime; its delays run from the producer's "
+                        "clock", topic, part)
+        key = timers.schedule(ts, tier, tier_delay_ms, job.get("delay_ms", 0), offset_of(msg),
+                              self.clock.now_ms(time.monotonic_ns()))
+        if key is None:
+            self.status.add("forwarded")
+            return [self._to_frontier(job)]
+        out = self.encoder.record(self.topology.timers, "CrawlJob", job["target"], key, job)
+        if out.partition != part:  # a record on a partition its target does not hash to
+            out = Output(out.topic, part, out.key, out.value, out.headers)
+        assert out.value is not None
+        self._pending[part].append((key, timers.encode_value(_fingerprint(out.headers),
+                                                              out.value)))
+        self.status.add("timers_set")
+        return [out]
+
+    def _to_frontier(self, job: dict[str, Any]) -> Output:
         topic = self.topology.frontier_high if job.get("priority", 0) > 0 \
             else self.topology.frontier
-        return [self.encoder.job(topic, {**job, "delay_ms": 0})]
+        return self.encoder.job(topic, {**job, "delay_ms": 0})
 
-    def _due_in(self, msg: Message, wait_s: float) -> float:
-        _, ts_ms = msg.timestamp()
-        now = time.monotonic()
-        key = tp_of(msg)
-        anchor = self._anchor.setdefault(key, (ts_ms, now))
-        arrived = anchor[1] + (ts_ms - anchor[0]) / 1000.0
-        return arrived + wait_s - now
+    # --- firing ---------------------------------------------------------------------------
+
+    def own_outputs(self) -> list[Output]:
+        """Due timers of the usable partitions: each job to the frontier, its key tombstoned."""
+        if any(self._counts.values()) and self._probe_due():
+            self._probe_clock()
+        now = self.clock.now_ms(time.monotonic_ns())
+        if now is None:
+            return []
+        fenced = {p for _, p in self._committed}  # the commit can carry their offsets
+        out: list[Output] = []
+        for part in sorted(self._counts):
+            if len(out) >= 2 * FIRE_BATCH:
+                break
+            if part not in fenced or not self._counts[part]:
+                continue
+            for key, raw in self._due(part, now, FIRE_BATCH - len(out) // 2):
+                out.append(self._fired(key, raw))
+                out.append(Output(self.topology.timers, part, key, None, []))
+                self._pending[part].append((key, None))
+        if out:
+            self.status.add("fired", len(out) // 2)
+        return out
+
+    def _due(self, part: int, now_ms: int, limit: int) -> list[tuple[bytes, bytes]]:
+        """The partition's leading timers due at ``now_ms`` (at most ``limit``)."""
+        got: list[tuple[bytes, bytes]] = []
+        start: bytes | None = None
+        while len(got) < limit:
+            page = self.store.scan(part, limit=min(100, limit - len(got)), start=start)
+            due = timers.due_keys((k for k, _ in page), now_ms, limit - len(got))
+            got.extend(page[:len(due)])
+            if len(due) < len(page) or not page:
+                break
+            start = page[-1][0] + b"\x00"
+        return got
+
+    def _fired(self, key: bytes, raw: bytes) -> Output:
+        fingerprint, payload = timers.decode_value(raw)
+        try:
+            job = self.encoder.codec.decode("CrawlJob", payload, [(HEADER_SCHEMA, fingerprint)])
+        except DecodeError as exc:  # restore checked it; only a schema removal gets here
+            return self.encoder.dead(None, payload, self.topology.timers, exc.reason, str(exc), 1)
+        return self._to_frontier(job)
+
+    def committed(self) -> None:
+        """The transaction committed: its timer puts and deletions reach the local store."""
+        for part, changes in self._pending.items():
+            if part not in self._counts:
+                continue  # not (or no longer) a usable partition
+            delta = sum((v is not None) - (self.store.get(part, k) is not None)
+                        for k, v in dict(changes).items())
+            self.store.apply(part, changes)
+            self._counts[part] += delta
+        self._pending.clear()
+        self.status.gauges["timers"] = sum(self._counts.values())
+
+    def rolled_back(self) -> None:
+        self._pending.clear()  # never committed: the replay produces them again
+
+    # --- broker time ----------------------------------------------------------------------
+
+    def _probe_due(self) -> bool:
+        return self._probed_at is None or time.monotonic() - self._probed_at >= PROBE_EVERY_S
+
+    def _probe_clock(self) -> None:
+        """Tighten the broker-time bound with the LogAppendTime of a write of our own.
+
+        With no tier records arriving (only long timers left, or a restart whose restore
+        read nothing new), the bound would otherwise rest on old observations and fire late.
+        The write is a tombstone under the store's reserved prefix: restores skip it and
+        compaction removes it.
+        """
+        self._probed_at = time.monotonic()
+        if self._probe is None:
+            self._probe = Producer(producer_conf(self.settings, f"{self.worker}-clock"))
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            ts_type, ts = msg.timestamp()
+            if err is None and ts_type == TIMESTAMP_LOG_APPEND_TIME:
+                self.clock.observe(ts, time.monotonic_ns())
+
+        try:
+            self._probe.produce(self.topology.timers, key=PROBE_KEY, value=None,
+                                partition=min(p for p, n in self._counts.items() if n),
+                                on_delivery=delivered)
+            if self._probe.flush(10):
+                log.warning("retry clock probe not delivered within 10 s")
+        except KafkaException as exc:
+            log.warning("retry clock probe failed: %s", exc)
+        self.status.add("clock_probes")
+
+    # --- partitions -----------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        super()._on_assign(consumer, partitions)
+        # Assign now: the assignment made after this callback returns would not keep the
+        # pauses below (measured with confluent-kafka 2.16).
+        consumer.assign(partitions)
+        self._pending.clear()
+        for part in self.store.partitions():  # normally dropped at revoke; never reused
+            self.store.drop(part)
+        self._counts.clear()
+        by_part: dict[int, set[str]] = defaultdict(set)
+        for tp in partitions:
+            by_part[tp.partition].add(tp.topic)
+        aligned = {p for p, topics in by_part.items() if topics == set(self._tiers)}
+        if aligned != set(by_part):
+            # Another worker owns a tier of these partitions: neither may use the timers.
+            log.error("retry tiers of partitions %s are not all assigned to %s (is the "
+                      "assignor still 'range'?): they stay paused",
+                      sorted(set(by_part) - aligned), self.worker)
+        self._unready = set(by_part)
+        self._ready(consumer, aligned)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        super()._on_revoke(consumer, partitions)
+        for part in {tp.partition for tp in partitions}:
+            self.store.drop(part)
+            self._counts.pop(part, None)
+            self._unready.discard(part)
+        self._pending.clear()
+        self._assigned_offsets.clear()
+        self.status.gauges["timers"] = sum(self._counts.values())
+
+    def begin_batch(self) -> None:
+        if self._unready and time.monotonic() >= self._restore_at and self._consumer is not None:
+            self._ready(self._consumer, self._unready)
+        for tp, offset in self._assigned_offsets.items():
+            self._committed.setdefault(tp, offset)
+        self._assigned_offsets.clear()
+
+    def _ready(self, consumer: Consumer, parts: set[int]) -> None:
+        """Restore the stores of ``parts`` and resume their tiers; pause any that failed."""
+        self._consumer = consumer
+        tps = [TopicPartition(t, p) for t in self._tiers for p in sorted(parts)]
+        failed = set(parts)
+        try:
+            # Also waits for a former owner's pending transactional offsets (KIP-447), so
+            # its last timers are on the changelog before the restore reads it.
+            for tp in consumer.committed(tps, timeout=30) if parts else []:
+                if tp.offset >= 0:
+                    self._assigned_offsets[(tp.topic, tp.partition)] = tp.offset
+            failed = self.store.restore(self.settings, self.topology.timers, parts,
+                                        self._restored_value, RESTORE_TIMEOUT_S)
+        except KafkaException as exc:
+            log.error("retry %s: committed offsets of %s unavailable: %s", self.worker,
+                      sorted(parts), exc)
+        for part in parts - failed:
+            self._counts[part] = self._count(part)
+            self._unready.discard(part)
+        if failed:
+            log.error("retry %s: timer store of partitions %s could not be restored; their "
+                      "tiers stay paused, retried every %.0f s", self.worker, sorted(failed),
+                      RESTORE_RETRY_S)
+        consumer.pause([TopicPartition(t, p) for t in self._tiers for p in self._unready])
+        consumer.resume([tp for tp in tps if tp.partition not in self._unready])
+        self._restore_at = time.monotonic() + RESTORE_RETRY_S
+        self.status.gauges["timers"] = sum(self._counts.values())
+
+    def _restored_value(self, msg: Message) -> bytes | None:
+        """Changelog record -> stored bytes (None: unreadable, skipped); observes its time."""
+        ts_type, ts = msg.timestamp()
+        if ts_type == TIMESTAMP_LOG_APPEND_TIME:
+            self.clock.observe(ts, time.monotonic_ns())
+        value = msg.value()
+        if value is None or isinstance(value, str):
+            return None
+        try:
+            self.encoder.decode("CrawlJob", msg)
+            return timers.encode_value(_fingerprint(msg.headers() or []), value)
+        except (DecodeError, ValueError):
+            return None
+
+    def _count(self, part: int) -> int:
+        n, start = 0, None
+        while True:
+            page = self.store.scan(part, limit=10_000, start=start)
+            n += len(page)
+            if len(page) < 10_000:
+                return n
+            start = page[-1][0] + b"\x00"
+
+    def held_partitions(self) -> int:
+        return super().held_partitions() + len(self._unready)
+
+
+def _fingerprint(headers: Any) -> bytes:
+    for k, v in headers:
+        if k == HEADER_SCHEMA:
+            return v if isinstance(v, bytes) else str(v).encode()
+    raise ValueError("no schema fingerprint header")
