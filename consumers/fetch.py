@@ -182,7 +182,7 @@ class _Session:
         self.control = ControlReader(self.s, self.topo.control, self.enc.codec)
         self.control.poll(1.0)  # settings in force before the first job is dequeued
         self.consumer = Consumer(consumer_conf(self.s, group, self.st.worker))
-        self.consumer.subscribe([self.topo.frontier_high, self.topo.frontier],
+        self.consumer.subscribe(self.topo.inputs("fetch"),
                                 on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
 

@@ -64,7 +64,7 @@ class ParseStage(BatchStage):
         self._gate = FrontierGate(self.settings)
 
     def input_topics(self) -> list[str]:
-        return [self.topology.fetched]
+        return self.topology.inputs(self.stage)
 
     def begin_batch(self) -> None:
         self._gate.refresh()

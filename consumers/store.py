@@ -95,7 +95,7 @@ class StoreStage:
             server.start()
         group = self.topology.group("store")
         consumer = Consumer(consumer_conf(self.s, group, self.worker))
-        consumer.subscribe([self.topology.parsed, self.topology.telemetry, self.topology.dead],
+        consumer.subscribe(self.topology.inputs("store"),
                            on_assign=lambda *_: self._committed.clear())
         try:
             while not self.stop.requested:

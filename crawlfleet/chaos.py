@@ -386,12 +386,7 @@ class _Run:
             self.unsettled = f"exited, restarting: {dead}"
             return False
         t = self.topo
-        lags = {
-            "frontier": probe.lag(t.group("fetch"), [t.frontier, t.frontier_high], t.partitions),
-            "fetched": probe.lag(t.group("parse"), [t.fetched], t.partitions),
-            "parsed": probe.lag(t.group("store"), [t.parsed, t.telemetry, t.dead], t.partitions),
-            "retry": probe.lag(t.group("retry"), t.retry_topics, t.partitions),
-        }
+        lags = probe.stage_lags(t)
         if _calm(statuses, lags, self.fleet, t.partitions):
             return True
         self.unsettled = _unsettled(statuses, lags, sum(self.plan.counts().values()))

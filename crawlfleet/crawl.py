@@ -245,15 +245,7 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
                 time.sleep(0.5)
                 fleet.heal()
                 statuses = read_statuses(settings.status_dir)
-                lags = {
-                    "frontier": probe.lag(topo.group("fetch"),
-                                          [topo.frontier, topo.frontier_high], topo.partitions),
-                    "fetched": probe.lag(topo.group("parse"), [topo.fetched], topo.partitions),
-                    "parsed": probe.lag(topo.group("store"),
-                                        [topo.parsed, topo.telemetry, topo.dead],
-                                        topo.partitions),
-                    "retry": probe.lag(topo.group("retry"), topo.retry_topics, topo.partitions),
-                }
+                lags = probe.stage_lags(topo)
                 live.update(_progress_table(statuses, lags, time.monotonic() - started))
                 if _calm(statuses, lags, fleet, topo.partitions):
                     calm_since = calm_since or time.monotonic()
@@ -293,7 +285,7 @@ def _progress_table(statuses: list[dict[str, Any]], lags: dict[str, int],
     t.add_row(str(totals.get("fetch.fetched", 0)), str(totals.get("store.stored_pages", 0)),
               str(totals.get("fetch.retries", 0)),
               str(totals.get("fetch.dead", 0) + totals.get("parse.dead", 0)),
-              str(lags["frontier"]), str(lags["fetched"]), str(lags["parsed"]),
+              str(lags["fetch"]), str(lags["parse"]), str(lags["store"]),
               str(lags["retry"]))
     return t
 

@@ -8,6 +8,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicParti
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from crawlfleet.config import Settings
+from schemas.topics import STAGES, Topology
 
 
 class LagProbe:
@@ -47,6 +48,11 @@ class LagProbe:
             start = tp.offset if tp.offset >= 0 else low.get(key, 0)
             total += max(0, high[key] - start)
         return total
+
+    def stage_lags(self, topology: Topology) -> dict[str, int]:
+        """Queue depth of every stage (its group's lag on its inputs), by stage name."""
+        return {stage: self.lag(topology.group(stage), topology.inputs(stage),
+                                topology.partitions) for stage in STAGES}
 
     def _offsets(self, tps: set[tuple[str, int]], spec: OffsetSpec) -> dict[tuple[str, int], int]:
         """Offsets of ``tps`` by ``spec`` (high watermark for latest), batched per broker."""

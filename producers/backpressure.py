@@ -22,7 +22,7 @@ class FrontierGate:
         self.bound = settings.frontier_lag_bound
         topo = topology_of(settings)
         self._group = topo.group("fetch")
-        self._topics = [topo.frontier, topo.frontier_high]
+        self._topics = topo.inputs("fetch")
         self._partitions = topo.partitions
         self._interval = probe_interval_s
         self._probe = LagProbe(settings) if self.bound > 0 else None

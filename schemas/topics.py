@@ -18,6 +18,8 @@ DAY_MS = 24 * 3600 * 1000
 #: Retry tiers: (delay in seconds, topic suffix). Attempt n waits in the first tier whose
 #: delay is at least what the failure asked for (Retry-After or back-off).
 RETRY_DELAYS_S: tuple[int, ...] = (2, 15, 120)
+#: The consumer-group stages, in a job's order through the pipeline.
+STAGES: tuple[str, ...] = ("fetch", "parse", "store", "retry")
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,21 @@ class Topology:
     def group(self, stage: str) -> str:
         return f"{self.prefix}crawlfleet-{stage}"
 
+    def inputs(self, stage: str) -> list[str]:
+        """The topics ``stage``'s consumer group reads (its queue depth is its lag on them)."""
+        by_stage = {"fetch": [self.frontier_high, self.frontier],
+                    "parse": [self.fetched],
+                    "store": [self.parsed, self.telemetry, self.dead],
+                    "retry": self.retry_topics}
+        try:
+            return by_stage[stage]
+        except KeyError:
+            raise KeyError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}") from None
+
+    def record_of(self, topic: str) -> str:
+        """The Avro record a topic carries."""
+        return _records(self)[topic]
+
     def retry_tier_for(self, wait_s: float) -> int:
         """Smallest retry delay that covers ``wait_s`` (the largest if none does)."""
         for d in RETRY_DELAYS_S:
@@ -141,6 +158,11 @@ class Topology:
             if s.name == name:
                 return s
         raise KeyError(name)
+
+
+@lru_cache(maxsize=64)
+def _records(topology: Topology) -> dict[str, str]:
+    return {s.name: s.record for s in topology.specs()}
 
 
 @lru_cache(maxsize=65536)

@@ -428,16 +428,9 @@ def committed_offsets(settings: Settings, stage: str,
 
 
 def stage_lags(settings: Settings) -> dict[str, int]:
-    topo = topology_of(settings)
     probe = LagProbe(settings)
-    n = topo.partitions
     try:
-        return {
-            "frontier": probe.lag(topo.group("fetch"), [topo.frontier, topo.frontier_high], n),
-            "fetched": probe.lag(topo.group("parse"), [topo.fetched], n),
-            "store": probe.lag(topo.group("store"), [topo.parsed, topo.telemetry, topo.dead], n),
-            "retry": probe.lag(topo.group("retry"), topo.retry_topics, n),
-        }
+        return probe.stage_lags(topology_of(settings))
     finally:
         probe.close()
 

@@ -163,3 +163,26 @@ def test_retry_tiers_are_sorted_topics() -> None:
     topo = Topology()
     for d in RETRY_DELAYS_S:
         assert topo.retry(topo.retry_tier_for(d)) in topo.retry_topics
+
+
+def test_every_stage_declares_its_inputs_once() -> None:
+    from schemas.topics import STAGES
+    topo = Topology(prefix="p.")
+    assert STAGES == ("fetch", "parse", "store", "retry")
+    assert topo.inputs("fetch") == [topo.frontier_high, topo.frontier]
+    assert topo.inputs("parse") == [topo.fetched]
+    assert topo.inputs("store") == [topo.parsed, topo.telemetry, topo.dead]
+    assert topo.inputs("retry") == topo.retry_topics
+    names = {s.name for s in topo.specs()}
+    assert all(set(topo.inputs(st)) <= names for st in STAGES)
+    with pytest.raises(KeyError, match="unknown stage"):
+        topo.inputs("nope")
+
+
+def test_record_of_every_topic_comes_from_its_spec() -> None:
+    topo = Topology(prefix="p.")
+    for spec in topo.specs():
+        assert topo.record_of(spec.name) == spec.record
+    assert topo.record_of(topo.parked) == "CrawlJob"
+    with pytest.raises(KeyError):
+        topo.record_of("p.crawl.nothing")
