@@ -14,13 +14,19 @@ from typing import ClassVar
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from consumers.runtime import (
-    Encoder,
     FencedError,
-    Output,
     StatusFile,
     StopFlag,
     TxnAbortedError,
     TxnCommitter,
+    worker_name,
+)
+from consumers.slow_start import SlowStart
+from crawlfleet.config import Settings
+from crawlfleet.errors import DecodeError, FatalError
+from infra.kafka_io import (
+    Encoder,
+    Output,
     consume_ready,
     consumer_conf,
     offset_of,
@@ -28,11 +34,7 @@ from consumers.runtime import (
     rewind,
     topology_of,
     tp_of,
-    worker_name,
 )
-from consumers.slow_start import SlowStart
-from crawlfleet.config import Settings
-from crawlfleet.errors import DecodeError, FatalError
 
 log = logging.getLogger("crawlfleet.stage")
 

@@ -34,7 +34,6 @@ from confluent_kafka.admin import AdminClient
 
 from consumers.adaptive import TargetHealth
 from consumers.classify import Signal
-from consumers.control import ControlReader, backlog_key
 from consumers.http_fetch import Fetcher
 from consumers.ledger import Ledger, Pending, StoreChange
 from consumers.outcomes import OutcomeRules, Result
@@ -42,25 +41,11 @@ from consumers.pacer import Pacer
 from consumers.parking import ParkedQueues, encode_job, park_key, share_of
 from consumers.robots import UNREACHABLE_RETRY_S
 from consumers.robots_cache import RobotsCache
-from consumers.runtime import (
-    Encoder,
-    FencedError,
-    Output,
-    StatusFile,
-    StopFlag,
-    TxnCommitter,
-    consume_ready,
-    consumer_conf,
-    offset_of,
-    topology_of,
-    tp_of,
-    worker_name,
-)
+from consumers.runtime import FencedError, StatusFile, StopFlag, TxnCommitter, worker_name
 from consumers.scheduler import TargetScheduler
 from consumers.seen import SeenStore
 from consumers.slow_start import SlowStart
 from consumers.state_store import StateStore
-from consumers.windows import parse_windows, seconds_until_open
 from crawlfleet.config import Settings
 from crawlfleet.errors import (
     CrawlfleetError,
@@ -70,6 +55,17 @@ from crawlfleet.errors import (
     RobotsDisallowedError,
 )
 from crawlfleet.urls import canonicalize, dedupe_key
+from crawlfleet.windows import parse_windows, seconds_until_open
+from infra.kafka_io import (
+    Encoder,
+    Output,
+    consume_ready,
+    consumer_conf,
+    offset_of,
+    topology_of,
+    tp_of,
+)
+from producers.control import ControlReader, backlog_key
 from schemas.codec import Codec
 from schemas.topics import partition_for
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consumers.offsets import OffsetTracker
-from consumers.runtime import Output
+from infra.kafka_io import Output
 
 TP = tuple[str, int]
 #: (partition, dedupe key) → (seen state, attempt)

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from consumers.classify import Signal, Verdict, classify_status
 from consumers.http_fetch import HTTP_LIB_VERSION, TLS_LIB_VERSION, Response
 from consumers.ledger import Pending
-from consumers.runtime import Encoder, Output
 from consumers.seen import DEAD, DONE, RETRYING
 from crawlfleet import __version__
 from crawlfleet.config import Settings
 from crawlfleet.errors import ConnectError, CrawlfleetError, FetchTimeoutError
+from infra.kafka_io import Encoder, Output
 from schemas.topics import RETRY_DELAYS_S, Topology
 
 FETCHER_VERSION = f"crawlfleet-fetch/{__version__}"

@@ -14,9 +14,9 @@ from confluent_kafka import Message
 
 from consumers.batch_stage import BatchStage, NotDueError
 from consumers.html import extract
-from consumers.runtime import Output, job_key
 from consumers.scope import follow
 from crawlfleet.urls import dedupe_key, target_of
+from infra.kafka_io import Output, job_key
 from producers.backpressure import FrontierGate
 
 

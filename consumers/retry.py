@@ -36,9 +36,9 @@ from confluent_kafka import (
 
 from consumers import timers
 from consumers.batch_stage import BatchStage
-from consumers.runtime import Output, offset_of, producer_conf, tp_of
 from consumers.state_store import META, StateStore
 from crawlfleet.errors import DecodeError
+from infra.kafka_io import Output, offset_of, producer_conf, tp_of
 from schemas.topics import HEADER_SCHEMA, RETRY_DELAYS_S
 
 log = logging.getLogger("crawlfleet.retry")

@@ -51,9 +51,9 @@ from rocksdict import (
     WriteOptions,
 )
 
-from consumers.runtime import consume_ready, raw_value, tp_of
 from crawlfleet.config import Settings
 from crawlfleet.errors import DecodeError, InfraError
+from infra.kafka_io import consume_ready, raw_value, tp_of
 from schemas.codec import Codec, HeadersIn
 
 log = logging.getLogger("crawlfleet.seen")

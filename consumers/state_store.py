@@ -33,9 +33,9 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from rocksdict import DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
 
-from consumers.runtime import consume_ready, tp_of
 from crawlfleet.config import Settings
 from crawlfleet.errors import InfraError
+from infra.kafka_io import consume_ready, tp_of
 
 log = logging.getLogger("crawlfleet.state")
 

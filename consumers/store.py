@@ -17,20 +17,11 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from consumers import faults
-from consumers.runtime import (
-    StatusFile,
-    StopFlag,
-    consume_ready,
-    consumer_conf,
-    offset_of,
-    raw_value,
-    topology_of,
-    tp_of,
-    worker_name,
-)
+from consumers.runtime import StatusFile, StopFlag, worker_name
 from crawlfleet.config import Settings
 from crawlfleet.errors import DecodeError
 from infra.clickhouse import DEAD_COLUMNS, EVENT_COLUMNS, PAGE_COLUMNS, QueryServer, Store
+from infra.kafka_io import consume_ready, consumer_conf, offset_of, raw_value, topology_of, tp_of
 from schemas.codec import default_codec
 
 log = logging.getLogger("crawlfleet.store")

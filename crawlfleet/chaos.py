@@ -38,13 +38,14 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 from rich.console import Console
 from rich.table import Table
 
-from consumers.runtime import holds_work, read_statuses, topology_of
+from consumers.runtime import holds_work, read_statuses
 from crawlfleet.config import Settings
 from crawlfleet.crawl import IDLE_S, Fleet, Plan, _calm
 from crawlfleet.errors import InfraError
 from infra import kafka_local
 from infra.clickhouse import PORT_FILE, run_query
 from infra.demo_site import DemoSite, bench_spec, free_port
+from infra.kafka_io import topology_of
 from infra.lag import LagProbe
 from infra.topics import create_topics
 from producers.frontier import PublishReport, jobs_from_lines, publish

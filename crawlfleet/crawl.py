@@ -24,11 +24,12 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from consumers.runtime import holds_work, read_statuses, topology_of
+from consumers.runtime import holds_work, read_statuses
 from crawlfleet.config import Secret, Settings
 from crawlfleet.errors import InfraError
 from infra import kafka_local
 from infra.clickhouse import run_query
+from infra.kafka_io import topology_of
 from infra.lag import LagProbe
 from infra.topics import adopt_partitions, create_topics, delete_topics
 from producers.frontier import PublishReport, jobs_from_lines, publish

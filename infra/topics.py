@@ -12,9 +12,9 @@ from confluent_kafka import KafkaError, KafkaException
 # confluent-kafka 2.16's typed admin package re-exports NewTopic without marking it public.
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from consumers.runtime import topology_of
 from crawlfleet.config import DEFAULT_PARTITIONS, Settings
 from crawlfleet.errors import InfraError
+from infra.kafka_io import topology_of
 
 log = logging.getLogger("crawlfleet.topics")
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 
-from consumers.control import ControlReader
-from consumers.runtime import topology_of
 from crawlfleet.config import Settings
+from infra.kafka_io import topology_of
 from infra.lag import LagProbe
+from producers.control import ControlReader
 from schemas.codec import default_codec
 
 

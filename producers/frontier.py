@@ -15,10 +15,10 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
-from consumers.runtime import Encoder, producer_conf, topology_of
 from crawlfleet.config import Settings
 from crawlfleet.errors import CrawlfleetError, InvalidURLError, KafkaStageError
 from crawlfleet.urls import canonicalize, dedupe_key, target_of
+from infra.kafka_io import Encoder, producer_conf, topology_of
 from producers.backpressure import FrontierGate
 
 

@@ -28,10 +28,11 @@ from aiohttp import web
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from consumers.runtime import holds_work, topology_of
+from consumers.runtime import holds_work
 from crawlfleet.config import Settings
 from crawlfleet.crawl import settings_env
 from infra.clickhouse import PORT_FILE, run_query
+from infra.kafka_io import topology_of
 from infra.lag import LagProbe
 from infra.topics import create_topics
 from producers.frontier import publish

@@ -12,11 +12,11 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from protego import Protego
 
-from consumers.runtime import topology_of
 from crawlfleet.config import Settings
 from crawlfleet.crawl import Plan, run_crawl
 from infra.clickhouse import run_query
 from infra.demo_site import USER_AGENT, DemoSite, demo_spec
+from infra.kafka_io import topology_of
 
 pytestmark = pytest.mark.integration
 

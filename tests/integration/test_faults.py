@@ -39,9 +39,9 @@ from fleet_helpers import (
     wait_until,
 )
 
-from consumers.runtime import topology_of
 from crawlfleet.config import Settings
 from infra.demo_site import DemoSite, bench_spec, demo_spec, free_port
+from infra.kafka_io import topology_of
 from schemas.topics import HEADER_SCHEMA, Topology, partition_for
 
 pytestmark = pytest.mark.integration

@@ -9,10 +9,11 @@ import time
 from confluent_kafka import Producer
 
 from consumers.parse import ParseStage
-from consumers.runtime import Encoder, StopFlag, producer_conf, topology_of
+from consumers.runtime import StopFlag
 from consumers.slow_start import SlowStart
 from crawlfleet.config import Settings
 from crawlfleet.urls import dedupe_key
+from infra.kafka_io import Encoder, producer_conf, topology_of
 from producers.frontier import parse_line
 from tests.integration.fleet_helpers import (
     committed_offsets,

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from consumers.runtime import Encoder, producer_conf, raw_value, topology_of
 from consumers.seen import DEAD, DONE, RETRYING, SeenStore
 from crawlfleet.config import Settings
 from crawlfleet.urls import dedupe_key
+from infra.kafka_io import Encoder, producer_conf, raw_value, topology_of
 from infra.topics import create_topics
 from schemas.codec import default_codec
 
@@ -171,7 +171,7 @@ _CRASHING_WORKER = textwrap.dedent("""
     import os, sys
     from pathlib import Path
     from confluent_kafka import Producer
-    from consumers.runtime import Encoder, producer_conf, topology_of
+    from infra.kafka_io import Encoder, producer_conf, topology_of
     from consumers.seen import SeenStore
     from crawlfleet.config import load_settings
 

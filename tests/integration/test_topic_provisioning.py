@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from consumers.runtime import topology_of
 from crawlfleet.config import Settings
 from crawlfleet.errors import InfraError
+from infra.kafka_io import topology_of
 from infra.topics import adopt_partitions, create_topics, delete_topics
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from consumers.ledger import Ledger, Pending
-from consumers.runtime import Output
+from infra.kafka_io import Output
 
 TP = ("crawl.frontier", 0)
 NONE_SEEN: Any = lambda _p, _k: None  # noqa: E731

@@ -17,8 +17,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from consumers.windows import CrawlWindow, parse_windows, seconds_until_open
 from crawlfleet.errors import ConfigError
+from crawlfleet.windows import CrawlWindow, parse_windows, seconds_until_open
 
 H = 3600
 

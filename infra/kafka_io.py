@@ -1,0 +1,166 @@
+"""Kafka client plumbing every layer above ``infra`` shares: records, client configs, reads.
+
+What travels (:class:`Output`, built by the :class:`Encoder` from the topology and the Avro
+codec) and how clients are configured and read, with no stage logic: producers, the stages
+and the CLI all build on it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+
+from crawlfleet import __version__
+from crawlfleet.config import Settings
+from crawlfleet.errors import DecodeError
+from schemas.codec import Codec, Headers, default_codec
+from schemas.topics import Topology, partition_for
+
+
+@dataclass(frozen=True)
+class Output:
+    """One record to produce inside the stage's transaction."""
+
+    topic: str
+    partition: int
+    key: bytes
+    value: bytes | None
+    headers: Headers
+
+
+def topology_of(settings: Settings) -> Topology:
+    return Topology(prefix=settings.topic_prefix, partitions=settings.topic_partitions,
+                    replication=settings.replication,
+                    seen_retention_ms=int(settings.seen_ttl_s * 1000))
+
+
+def consumer_conf(settings: Settings, group: str, client_id: str) -> dict[str, Any]:
+    return {
+        **settings.kafka_common(),
+        "group.id": group,
+        "client.id": client_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed",
+        "session.timeout.ms": settings.session_timeout_ms,
+        "heartbeat.interval.ms": max(1000, settings.session_timeout_ms // 10),
+        "max.poll.interval.ms": settings.max_poll_interval_ms,
+        # range keeps partition N of frontier and frontier.high with the same owner.
+        "partition.assignment.strategy": "range",
+        "fetch.wait.max.ms": 100,
+        "queued.max.messages.kbytes": 65536,
+    }
+
+
+def producer_conf(settings: Settings, client_id: str,
+                  transactional_id: str | None = None) -> dict[str, Any]:
+    conf: dict[str, Any] = {
+        **settings.kafka_common(),
+        "client.id": client_id,
+        "enable.idempotence": True,
+        "acks": "all",
+        # Outputs go out when the transaction commits (a flush ignores linger.ms), so batches
+        # can be large: fewer, better-compressed produce requests for the shared broker.
+        "linger.ms": 50,
+        "batch.size": 1024 * 1024,
+        "compression.type": "lz4",
+        "message.max.bytes": 16 * 1024 * 1024,
+    }
+    if transactional_id:
+        conf["transactional.id"] = transactional_id
+        # A worker that dies mid-transaction blocks read_committed readers until this
+        # expires (or until it restarts with the same id and fences its old self).
+        conf["transaction.timeout.ms"] = 15_000
+    return conf
+
+
+def consume_ready(consumer: Consumer, max_n: int, timeout: float) -> list[Message]:
+    """Up to ``max_n`` records: wait up to ``timeout`` for the first, then take only what is
+    already fetched.
+
+    ``Consumer.consume(n, timeout)`` returns only when it has ``n`` records or the timeout
+    has passed, so a lightly loaded stage would sit out the whole timeout on every call and
+    add it to every hop of the crawl.
+    """
+    first = consumer.poll(timeout)
+    if first is None:
+        return []
+    if max_n <= 1:
+        return [first]
+    return [first, *consumer.consume(max_n - 1, 0)]
+
+
+def rewind(consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    """Seek ``partitions`` back to their committed offsets (after an aborted transaction)."""
+    if not partitions:
+        return
+    committed = consumer.committed(partitions, timeout=30)
+    for tp in committed:
+        offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+        consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+
+
+def tp_of(msg: Message) -> tuple[str, int]:
+    """(topic, partition) of a consumed record (never None for a record without error)."""
+    topic, partition = msg.topic(), msg.partition()
+    assert topic is not None and partition is not None
+    return topic, partition
+
+
+def offset_of(msg: Message) -> int:
+    offset = msg.offset()
+    assert offset is not None
+    return offset
+
+
+def job_key(target: str, profile: str, url: str) -> bytes:
+    return f"{target}|{profile}|{url}".encode()
+
+
+class Encoder:
+    """Builds Outputs for the records crawlfleet produces, partitioned by target."""
+
+    def __init__(self, topology: Topology, worker: str, codec: Codec | None = None) -> None:
+        self.topology = topology
+        self.codec = codec or default_codec()
+        self.worker = worker
+
+    def record(self, topic: str, record: str, target: str, key: bytes,
+               value: dict[str, Any] | None) -> Output:
+        part = partition_for(target, self.topology.partitions)
+        if value is None:
+            return Output(topic, part, key, None, [])
+        payload, headers = self.codec.encode(record, value)
+        return Output(topic, part, key, payload, headers)
+
+    def job(self, topic: str, job: dict[str, Any]) -> Output:
+        return self.record(topic, "CrawlJob", job["target"],
+                           job_key(job["target"], job["profile"], job["url"]), job)
+
+    def dead(self, job: dict[str, Any] | None, raw: bytes | None, source_topic: str,
+             reason: str, error: str, attempts: int, target: str | None = None) -> Output:
+        tgt = job["target"] if job else (target or "")
+        key = job_key(tgt, job["profile"], job["url"]) if job else b"undecodable"
+        return self.record(self.topology.dead, "DeadLetter", tgt, key, {
+            "job": job, "raw": raw, "source_topic": source_topic, "reason": reason,
+            "error": error[:2000], "attempts": attempts, "worker": self.worker,
+            "version": __version__, "failed_at_ms": int(time.time() * 1000)})
+
+    def decode(self, record: str, msg: Message) -> dict[str, Any]:
+        return self.codec.decode(record, msg.value(), msg.headers())
+
+    def undecodable(self, msg: Message, exc: DecodeError) -> Output:
+        """Dead-letter a record no schema can read, keeping its bytes for inspection."""
+        key = msg.key() or b""
+        key_bytes = key.encode() if isinstance(key, str) else key
+        target = key_bytes.split(b"|", 1)[0].decode("utf-8", "replace")
+        return self.dead(None, raw_value(msg), tp_of(msg)[0], exc.reason, str(exc), 1, target)
+
+
+def raw_value(msg: Message) -> bytes | None:
+    value = msg.value()
+    return value.encode() if isinstance(value, str) else value

@@ -1,0 +1,30 @@
+"""Imports run one way, as pyproject's import-linter contract writes the layers down."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_layer_contract_is_kept() -> None:
+    lint = Path(sys.executable).parent / "lint-imports"
+    out = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 kept, 0 broken" in out.stdout
+
+
+def test_the_contract_covers_every_package_top_to_bottom() -> None:
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = conf["contracts"]
+    layers = [m.strip() for layer in contract["layers"]
+              for m in layer.replace("|", ":").split(":")]
+    packages = set(conf["root_packages"])
+    assert {m.split(".")[0] for m in layers} == packages  # no package left unconstrained
+    assert layers[0] == "crawlfleet.cli" and layers[-1] == "crawlfleet.errors"
+    assert layers.index("consumers") < layers.index("producers") < layers.index("infra") \
+        < layers.index("schemas")
