@@ -66,7 +66,6 @@ from infra.kafka_io import (
     tp_of,
 )
 from producers.control import ControlReader, backlog_key
-from schemas.codec import Codec
 from schemas.topics import partition_for
 
 log = logging.getLogger("crawlfleet.fetch")
@@ -118,11 +117,11 @@ class FetchStage:
             / self.worker
 
 
-def _parked_transform(codec: Codec) -> Callable[[Message], bytes | None]:
+def _parked_transform(enc: Encoder) -> Callable[[Message], bytes | None]:
     """Changelog record (Avro CrawlJob) → the parked store's bytes (compact JSON)."""
     def transform(msg: Message) -> bytes | None:
         try:
-            return encode_job(codec.decode("CrawlJob", msg.value(), msg.headers()))
+            return encode_job(enc.decode(msg))
         except DecodeError:
             return None
     return transform
@@ -188,7 +187,7 @@ class _Session:
         self.status.add("seen_restored", n)
         fresh = [p for p in parts if p not in self.parked.store.partitions()]
         incomplete = self.parked.store.restore(self.s, self.topo.parked, fresh,
-                                               _parked_transform(self.enc.codec))
+                                               _parked_transform(self.enc))
         restored: list[str] = []
         for p in fresh:
             if p not in incomplete:
@@ -277,17 +276,10 @@ class _Session:
     def _backlog_reports(self) -> list[Output]:
         """The parked backlog of partitions whose count changed, for the frontier bound
         (``crawl.control``, compacted: the latest count per partition is what stays)."""
-        out = []
-        for part, count in self.parked.backlog_changes().items():
-            key = backlog_key(part).encode()
-            if count <= 0:
-                out.append(Output(self.topo.control, 0, key, None, []))
-                continue
-            payload, headers = self.enc.codec.encode("Control", {
-                "kind": "backlog", "target": None, "value": float(count),
-                "text": None, "issued_by": self.st.worker})
-            out.append(Output(self.topo.control, 0, key, payload, headers))
-        return out
+        return [self.enc.control(backlog_key(part), {
+                    "kind": "backlog", "target": None, "value": float(count), "text": None,
+                    "issued_by": self.st.worker} if count > 0 else None)
+                for part, count in self.parked.backlog_changes().items()]
 
     def _poll(self, timeout: float) -> list[Message]:
         assert self.consumer is not None and self.control is not None
@@ -409,7 +401,7 @@ class _Session:
                 continue  # revoked between fetch and delivery
             self.status.add("consumed")
             try:
-                job = self.enc.decode("CrawlJob", msg)
+                job = self.enc.decode(msg)
                 job["url"] = canonicalize(job["url"])
             except DecodeError as exc:
                 self._finish_raw(tp, offset, epoch, [self.enc.undecodable(msg, exc)])

@@ -46,7 +46,7 @@ class OutcomeRules:
         outcome = classify_status(resp.status, resp.retry_after, job["attempt"],
                                   block_statuses=self.block_statuses)
         if outcome.verdict is Verdict.STORE:
-            result = self.enc.record(self.topology.fetched, "FetchResult", pj.target,
+            result = self.enc.record(self.topology.fetched, pj.target,
                                      pj.key.encode(), {
                 "job": job, "final_url": resp.url, "status": resp.status,
                 "content_type": resp.content_type, "body": resp.body,
@@ -102,21 +102,21 @@ class OutcomeRules:
     def park(self, pj: Pending) -> Output:
         """The parked-queue changelog record of a job going to disk (see consumers.parking)."""
         assert pj.park_key is not None
-        return self.enc.record(self.topology.parked, "CrawlJob", pj.target, pj.park_key, pj.job)
+        return self.enc.record(self.topology.parked, pj.target, pj.park_key, pj.job)
 
     def unpark(self, pj: Pending) -> Output:
         """The tombstone of a parked job's entry, written when the job moves on."""
         assert pj.park_key is not None
-        return self.enc.record(self.topology.parked, "CrawlJob", pj.target, pj.park_key, None)
+        return self.enc.record(self.topology.parked, pj.target, pj.park_key, None)
 
     def seen(self, pj: Pending, state: tuple[str, int]) -> Output:
-        return self.enc.record(self.topology.seen, "Seen", pj.target, pj.key.encode(),
+        return self.enc.record(self.topology.seen, pj.target, pj.key.encode(),
                                {"state": state[0], "attempt": state[1], "status": 0})
 
     def event(self, pj: Pending, status: int, outcome: str, reason: str, started: float,
               size: int) -> Output:
         job = pj.job
-        return self.enc.record(self.topology.telemetry, "FetchEvent", pj.target,
+        return self.enc.record(self.topology.telemetry, pj.target,
                                pj.key.encode(), {
             "url": job["url"], "target": pj.target, "profile": job["profile"],
             "attempt": job["attempt"], "status": status, "outcome": outcome, "reason": reason,

@@ -77,7 +77,7 @@ class ParseStage(BatchStage):
         if self._gate.over():  # fetching is behind: pause this input, do not sleep
             self.status.add("backpressure_holds")
             raise NotDueError(0.5)
-        result = self.encoder.decode("FetchResult", msg)
+        result = self.encoder.decode(msg)
         job = result["job"]
         ok = 200 <= result["status"] <= 299
         page = extract(result["body"], result["final_url"], result["content_type"]) if ok \
@@ -93,7 +93,7 @@ class ParseStage(BatchStage):
                      links: list[str]) -> Output:
         job = result["job"]
         key = dedupe_key(job["profile"], job["url"])
-        return self.encoder.record(self.topology.parsed, "ParsedPage", job["target"],
+        return self.encoder.record(self.topology.parsed, job["target"],
                                    key.encode(), {
             "dedupe_key": key, "url": job["url"], "final_url": result["final_url"],
             "target": job["target"], "profile": job["profile"], "depth": job["depth"],

@@ -92,7 +92,7 @@ class RetryStage(BatchStage):
     # --- inputs ---------------------------------------------------------------------------
 
     def handle(self, msg: Message) -> list[Output]:
-        job = self.encoder.decode("CrawlJob", msg)
+        job = self.encoder.decode(msg)
         topic, part = tp_of(msg)
         tier, tier_delay_ms = self._tiers[topic]
         ts_type, ts = msg.timestamp()
@@ -108,7 +108,7 @@ class RetryStage(BatchStage):
         if key is None:
             self.status.add("forwarded")
             return [self._to_frontier(job)]
-        out = self.encoder.record(self.topology.timers, "CrawlJob", job["target"], key, job)
+        out = self.encoder.record(self.topology.timers, job["target"], key, job)
         if out.partition != part:  # a record on a partition its target does not hash to
             out = Output(out.topic, part, out.key, out.value, out.headers)
         assert out.value is not None
@@ -291,7 +291,7 @@ class RetryStage(BatchStage):
         if value is None or isinstance(value, str):
             return None
         try:
-            self.encoder.decode("CrawlJob", msg)
+            self.encoder.decode(msg)
             return timers.encode_value(_fingerprint(msg.headers() or []), value)
         except (DecodeError, ValueError):
             return None

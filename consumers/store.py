@@ -172,12 +172,10 @@ class StoreStage:
 
     def _route(self, msg: Message, event_id: str, rows: dict[str, list[Sequence[Any]]]) -> None:
         topic = tp_of(msg)[0]
+        record = self.codec.decode(self.topology.record_of(topic), msg.value(), msg.headers())
         if topic == self.topology.parsed:
-            rows["pages"].append(page_row(self.codec.decode("ParsedPage", msg.value(),
-                                                            msg.headers())))
+            rows["pages"].append(page_row(record))
         elif topic == self.topology.telemetry:
-            rows["fetch_events"].append(event_row(event_id, self.codec.decode(
-                "FetchEvent", msg.value(), msg.headers())))
+            rows["fetch_events"].append(event_row(event_id, record))
         else:
-            rows["dead_letters"].append(dead_row(event_id, self.codec.decode(
-                "DeadLetter", msg.value(), msg.headers())))
+            rows["dead_letters"].append(dead_row(event_id, record))

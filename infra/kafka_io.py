@@ -129,29 +129,41 @@ class Encoder:
         self.codec = codec or default_codec()
         self.worker = worker
 
-    def record(self, topic: str, record: str, target: str, key: bytes,
+    def record(self, topic: str, target: str, key: bytes,
                value: dict[str, Any] | None) -> Output:
+        """A record for ``topic``, of the type the topology declares for it, on its target's
+        partition (a tombstone when ``value`` is None)."""
         part = partition_for(target, self.topology.partitions)
         if value is None:
             return Output(topic, part, key, None, [])
-        payload, headers = self.codec.encode(record, value)
+        payload, headers = self.codec.encode(self.topology.record_of(topic), value)
         return Output(topic, part, key, payload, headers)
 
+    def control(self, key: str, value: dict[str, Any] | None) -> Output:
+        """A record for the single-partition control topic (a tombstone when None)."""
+        topic = self.topology.control
+        if value is None:
+            return Output(topic, 0, key.encode(), None, [])
+        payload, headers = self.codec.encode(self.topology.record_of(topic), value)
+        return Output(topic, 0, key.encode(), payload, headers)
+
     def job(self, topic: str, job: dict[str, Any]) -> Output:
-        return self.record(topic, "CrawlJob", job["target"],
+        return self.record(topic, job["target"],
                            job_key(job["target"], job["profile"], job["url"]), job)
 
     def dead(self, job: dict[str, Any] | None, raw: bytes | None, source_topic: str,
              reason: str, error: str, attempts: int, target: str | None = None) -> Output:
         tgt = job["target"] if job else (target or "")
         key = job_key(tgt, job["profile"], job["url"]) if job else b"undecodable"
-        return self.record(self.topology.dead, "DeadLetter", tgt, key, {
+        return self.record(self.topology.dead, tgt, key, {
             "job": job, "raw": raw, "source_topic": source_topic, "reason": reason,
             "error": error[:2000], "attempts": attempts, "worker": self.worker,
             "version": __version__, "failed_at_ms": int(time.time() * 1000)})
 
-    def decode(self, record: str, msg: Message) -> dict[str, Any]:
-        return self.codec.decode(record, msg.value(), msg.headers())
+    def decode(self, msg: Message) -> dict[str, Any]:
+        """A consumed record, read as the type its topic carries."""
+        return self.codec.decode(self.topology.record_of(tp_of(msg)[0]), msg.value(),
+                                 msg.headers())
 
     def undecodable(self, msg: Message, exc: DecodeError) -> Output:
         """Dead-letter a record no schema can read, keeping its bytes for inspection."""

@@ -127,12 +127,9 @@ def _send(settings: Settings, key: str, value: dict[str, object] | None) -> None
     topology = topology_of(settings)
     producer = Producer(producer_conf(settings, "crawlfleet-control"))
     encoder = Encoder(topology, "control")
-    if value is None:
-        producer.produce(topology.control, key=key.encode(), value=None, partition=0)
-    else:
-        payload, headers = encoder.codec.encode("Control", value)
-        producer.produce(topology.control, key=key.encode(), value=payload, headers=headers,
-                         partition=0)
+    out = encoder.control(key, value)
+    producer.produce(out.topic, key=out.key, value=out.value, headers=out.headers,
+                     partition=out.partition)
     if producer.flush(30):
         raise KafkaStageError(f"control record {key} was not delivered")
 

@@ -49,7 +49,7 @@ def _publish_results(settings: Settings) -> set[str]:
         url = job["url"]
         key = dedupe_key(job["profile"], url)
         body = f"<html><title>p{k}</title><body>page {k}</body></html>".encode()
-        out = enc.record(topology_of(settings).fetched, "FetchResult", job["target"],
+        out = enc.record(topology_of(settings).fetched, job["target"],
                          key.encode(), {"job": job, "final_url": url, "status": 200,
                                         "content_type": "text/html", "body": body,
                                         "fetched_at_ms": int(time.time() * 1000),

@@ -48,7 +48,7 @@ class Changelog:
         self.producer.init_transactions(30)
 
     def partition(self, target: str = TARGET) -> int:
-        return self.enc.record(self.topic, "Seen", target, b"k", None).partition
+        return self.enc.record(self.topic, target, b"k", None).partition
 
     def txn(self, items: Sequence[tuple[str, State]], commit: bool = True,
             target: str = TARGET) -> None:
@@ -56,7 +56,7 @@ class Changelog:
         for key, state in items:
             value = None if state is None else {"state": state[0], "attempt": state[1],
                                                 "status": 0}
-            o = self.enc.record(self.topic, "Seen", target, key.encode(), value)
+            o = self.enc.record(self.topic, target, key.encode(), value)
             self.producer.produce(o.topic, value=o.value, key=o.key, partition=o.partition,
                                   headers=o.headers)
         if commit:
@@ -190,7 +190,7 @@ _CRASHING_WORKER = textwrap.dedent("""
     prod.begin_transaction()
     items = [(f"default|http://{target}/crash/{i}", "DONE", i % 3) for i in range(25)]
     for key, state, attempt in items:
-        o = enc.record(topo.seen, "Seen", target, key.encode(),
+        o = enc.record(topo.seen, target, key.encode(),
                        {"state": state, "attempt": attempt, "status": 0})
         prod.produce(o.topic, value=o.value, key=o.key, partition=o.partition,
                      headers=o.headers)
