@@ -450,8 +450,8 @@ class _Session:
             self.ledger.release(pj)
             self.parked.untake(pj.park_key)
             return
+        self.ledger.release(pj)  # before it gets its park key: that changes its identity
         if not self.ledger.current(pj.tp, pj.epoch):
-            self.ledger.release(pj)
             return
         pj.park_key = park_key(pj.target, self._tier_of(pj.tp), pj.offset)
         change = self.parked.park(pj.tp[1], pj.park_key, pj.job)

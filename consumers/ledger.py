@@ -53,6 +53,11 @@ class Pending:
         return str(self.job["target"])
 
     @property
+    def ident(self) -> tuple[TP, int, int, bytes | None]:
+        """Which job this is: jobs from disk all have offset -1, their park keys differ."""
+        return self.tp, self.epoch, self.offset, self.park_key
+
+    @property
     def tier(self) -> int:
         return int(self.job.get("priority", 0))
 
@@ -76,7 +81,7 @@ class Ledger:
         self._pending_seen: SeenChanges = {}
         self._committing_seen: SeenChanges = {}
         self._pending_changes: list[StoreChange] = []
-        self._holders: dict[str, tuple[TP, int, int]] = {}
+        self._holders: dict[str, tuple[TP, int, int, bytes | None]] = {}
 
     # --- ownership ------------------------------------------------------------------------
 
@@ -136,11 +141,11 @@ class Ledger:
         return state[0] != RETRYING or state[1] != pj.job["attempt"]
 
     def hold(self, pj: Pending) -> None:
-        self._holders[pj.key] = (pj.tp, pj.epoch, pj.offset)
+        self._holders[pj.key] = pj.ident
 
     def release(self, pj: Pending) -> None:
         """Only the job holding the key releases it (a skipped repeat must not)."""
-        if self._holders.get(pj.key) == (pj.tp, pj.epoch, pj.offset):
+        if self._holders.get(pj.key) == pj.ident:
             del self._holders[pj.key]
 
     def finish(self, pj: Pending, outputs: list[Output], seen: tuple[str, int] | None,

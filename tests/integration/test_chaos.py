@@ -58,7 +58,7 @@ def test_worker_kills_lose_and_duplicate_nothing(tmp_path: Path) -> None:
 
 
 def test_broker_crash_and_worker_kills_on_three_nodes(tmp_path: Path) -> None:
-    report = run_chaos(pages=600, nodes=3, fetch_workers=2, parse_workers=2, kill_every_s=6.0,
+    report = run_chaos(pages=900, nodes=3, fetch_workers=2, parse_workers=2, kill_every_s=6.0,
                        seed=11, data_dir=tmp_path, timeout_s=240, console=_console(),
                        rate_cap=RATE_CAP)
     _assert_exactly_once(report)

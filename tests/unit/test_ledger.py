@@ -120,3 +120,19 @@ def test_parked_jobs_do_not_touch_offsets_but_carry_their_store_change() -> None
     assert batch is not None
     assert batch.changes == [(0, b"a\x00\x01k", None)]
     assert batch.offsets == {TP: 3}
+
+
+def test_a_skipped_repeat_from_disk_does_not_release_the_holder() -> None:
+    """Jobs taken back from the parked store all have offset -1: their park keys tell
+    them apart, or a skipped copy would free the key while the first is in flight."""
+    led = Ledger()
+    led.assign([TP])
+    epoch = led.epochs[TP]
+    first = Pending(TP, -1, epoch, _job(), "default|http://a/", park_key=b"a\x00\x01" + bytes(8))
+    led.hold(first)
+    repeat = Pending(TP, -1, epoch, _job(), "default|http://a/",
+                     park_key=b"a\x00\x01" + b"\x01" * 8)
+    assert led.is_duplicate(repeat, NONE_SEEN)
+    led.finish(repeat, [], None)  # skipped: its entry goes, the holder stays
+    third = Pending(TP, 9, epoch, _job(), "default|http://a/")
+    assert led.is_duplicate(third, NONE_SEEN)
