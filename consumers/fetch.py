@@ -193,6 +193,9 @@ class _Session:
             if p not in incomplete:
                 restored += self.parked.restored(p)
         self.ledger.assign([(p.topic, p.partition) for p in partitions])
+        # Assign here, not after the callback returns: that assignment would reset the pause
+        # state set below (measured with confluent-kafka 2.16).
+        consumer.assign(partitions)
         if incomplete:  # never fetch with a partial parked queue: hold those partitions
             self.status.add("restore_incomplete", len(incomplete))
             consumer.pause([p for p in partitions if p.partition in incomplete])
