@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import Enum
 
+from crawlfleet.config import MAX_RETRY_DELAY_S
+
 #: Statuses worth another try later, with the back-off they imply.
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524})
 #: Statuses that block us unless configured otherwise (``block_statuses``).
@@ -85,7 +87,7 @@ def parse_retry_after(value: str, now: datetime | None = None) -> float | None:
     value = value.strip()
     # ASCII only ("²".isdigit() but int() rejects it); float() has no digit-count limit.
     if value.isascii() and value.isdigit():
-        return min(float(value), MAX_BACKOFF_S * 6)
+        return min(float(value), MAX_RETRY_DELAY_S)
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
@@ -93,4 +95,4 @@ def parse_retry_after(value: str, now: datetime | None = None) -> float | None:
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     delta = (when - (now or datetime.now(UTC))).total_seconds()
-    return max(0.0, min(delta, MAX_BACKOFF_S * 6))
+    return max(0.0, min(delta, MAX_RETRY_DELAY_S))

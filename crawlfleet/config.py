@@ -50,6 +50,10 @@ class Secret:
         return hash(self._value)
 
 
+#: The longest one retry waits (a site's Retry-After is capped to it).
+MAX_RETRY_DELAY_S = 3600.0
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every knob of a crawlfleet process. Env var: ``CRAWLFLEET_<FIELD NAME UPPERCASE>``."""
@@ -158,11 +162,9 @@ class Settings:
 
     @property
     def retry_horizon_s(self) -> float:
-        """Longest a job can spend waiting in retry tiers before its last attempt."""
-        from schemas.topics import RETRY_DELAYS_S
-        delays = [RETRY_DELAYS_S[min(i, len(RETRY_DELAYS_S) - 1)]
-                  for i in range(self.max_attempts - 1)]
-        return float(sum(delays)) * 2  # the retry stage may wait up to twice a tier delay
+        """Longest a job can spend waiting for retries before its last attempt: each retry
+        waits its own delay in the retry stage's timer store, at most a capped Retry-After."""
+        return float(self.max_attempts - 1) * MAX_RETRY_DELAY_S
 
     def cap_for(self, target: str) -> float:
         return self.rate_caps.get(target, self.rate_cap)

@@ -241,3 +241,14 @@ def test_plan_sizes_its_own_topics() -> None:
     assert Plan().partitions() == PARTITIONS_PER_WORKER
     assert Plan(fetch_workers=3).partitions() == 3 * PARTITIONS_PER_WORKER
     assert Plan(fetch_workers=2, parse_workers=5).partitions() == 5 * PARTITIONS_PER_WORKER
+
+
+def test_dedupe_keys_outlive_the_longest_retry_wait() -> None:
+    """Each retry may wait a capped Retry-After (an hour) in the timer store: the dedupe
+    keys must outlive every wait before the last attempt, plus the longest lease."""
+    from crawlfleet.config import MAX_RETRY_DELAY_S
+    s = Settings(max_attempts=3)
+    assert s.retry_horizon_s == 2 * MAX_RETRY_DELAY_S
+    with pytest.raises(ConfigError, match="seen_ttl_s"):
+        Settings(max_attempts=3, seen_ttl_s=2 * MAX_RETRY_DELAY_S)
+    Settings(max_attempts=3, seen_ttl_s=3 * MAX_RETRY_DELAY_S)  # above horizon + lease
