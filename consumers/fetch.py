@@ -357,12 +357,11 @@ class _Session:
         last_commit = time.monotonic()
         while not self.st.stop.requested:
             # Jobs queued, in flight or finished but uncommitted: look again soon, so results
-            # are committed (handed on) as soon as the last of them is done.
+            # are committed (handed on) as soon as the last of them is done. A poll cannot be
+            # woken early, and a job queued now is often done within a millisecond: a longer
+            # wait here was most of each hop of a chain-like crawl (50 of its ~60 ms).
             busy = self.running or self.ledger.completed or len(self.sched)
-            # Nothing queued: what is in flight or done is all this worker has, and its
-            # results go out the moment they are complete (below), so do not oversleep it.
-            handing_on = busy and not len(self.sched)
-            msgs = await self._kafka(self._poll, 0.01 if handing_on else 0.05 if busy else 0.2)
+            msgs = await self._kafka(self._poll, 0.01 if busy else 0.2)
             if self.broken is not None:
                 raise self.broken
             if msgs:
