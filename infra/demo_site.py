@@ -107,6 +107,9 @@ class SiteSpec:
     derives from content (lookups by any URL spelling, the expected crawl) lives here.
     """
 
+    #: Retry-After of a page's one-off 503s (None: a bare 503, a flaky backend's answer).
+    transient_retry_after: str | None = "1"
+
     def __init__(self, hosts: Iterable[str], port: int, robots: Mapping[str, str | None]) -> None:
         self.hosts: tuple[str, ...] = tuple(hosts)
         self.port: int = port
@@ -642,9 +645,12 @@ class MixedSite(ShapeSite):
     Page ``k`` of a host links to ``k + 1`` and ``k + 2`` (so everything is reachable past
     any one 404) and to more pages of its host, 10-20 same-host links in all, plus 1-2 pages
     of other hosts. About 3% of pages answer 404 (odd ``k`` only, so no two are adjacent;
-    linked, without links), about 3% answer 503 (Retry-After: 1) once before their 200, and
-    about 25% link into ``/private/``, which robots.txt disallows.
+    linked, without links), about 3% answer 503 once before their 200 (a bare 503, as from a
+    flaky backend: a site asking for rest would send Retry-After, which a polite crawler obeys
+    for the whole site), and about 25% link into ``/private/``, which robots.txt disallows.
     """
+
+    transient_retry_after = None
 
     def _status(self, h: int, k: int) -> int:
         return 404 if k % 2 == 1 and self._rand(h, k, 1) % 100 < 6 else 200
@@ -1017,10 +1023,13 @@ class DemoSite:
                 key = prefix + page.path
                 if self._transient[key] < page.transient_503s:
                     self._transient[key] += 1
+                    headers = {"Content-Type": _HTML}
+                    if spec.transient_retry_after is not None:
+                        headers["Retry-After"] = spec.transient_retry_after
                     return web.Response(
                         status=503,
                         body=b"<html><head><title>Busy</title></head><body>try later</body></html>",
-                        headers={"Content-Type": _HTML, "Retry-After": "1"},
+                        headers=headers,
                     )
             return web.Response(
                 status=page.status, body=spec.body(page), headers={"Content-Type": _HTML}
