@@ -11,16 +11,18 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from fleet_helpers import Workers
 
 from crawlfleet.config import Settings, load_settings
+from crawlfleet.crawl import Fleet, Plan
 from crawlfleet.errors import InfraError
 from infra import kafka_local
 from infra.demo_site import free_port
-from infra.topics import delete_topics
+from infra.topics import create_topics, delete_topics
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_PORT = 28092  # below the ephemeral port range, like every broker port here
@@ -68,3 +70,37 @@ def settings(kafka_bootstrap: str, tmp_path: Path,
 def site_port() -> int:
     # Every loopback host a test may serve on (sites use up to 8 hosts, .2-.9).
     return free_port(tuple(f"127.0.0.{i}" for i in range(2, 10)), 18600)
+
+
+@pytest.fixture
+def fleet_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Fleet]]:
+    """Starts a :class:`Fleet` (one process per stage) on provisioned topics; stops them all."""
+    fleets: list[Fleet] = []
+
+    def make(settings: Settings, plan: Plan | None = None) -> Fleet:
+        create_topics(settings)
+        fleet = Fleet(settings, plan or Plan(), tmp_path_factory.mktemp("logs"))
+        fleet.start()
+        fleets.append(fleet)
+        return fleet
+
+    yield make
+    for f in fleets:
+        f.stop(10)
+
+
+@pytest.fixture
+def fleet() -> Iterator[Callable[[Settings], Workers]]:
+    """Makes a :class:`Workers` for (adjusted) settings; kills every process at the end."""
+    made: list[Workers] = []
+
+    def make(settings: Settings) -> Workers:
+        w = Workers(settings)
+        made.append(w)
+        return w
+
+    try:
+        yield make
+    finally:
+        for w in made:
+            w.close()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Producer
@@ -51,21 +51,6 @@ LEASE_MS = 6000
 FENCE_LOG = re.compile(r"fenced|rejoin|commit on revoke failed", re.IGNORECASE)
 
 
-@pytest.fixture
-def fleet() -> Iterator[Callable[[Settings], Workers]]:
-    """Makes a :class:`Workers` for (adjusted) settings; kills every process at the end."""
-    made: list[Workers] = []
-
-    def make(settings: Settings) -> Workers:
-        w = Workers(settings)
-        made.append(w)
-        return w
-
-    try:
-        yield make
-    finally:
-        for w in made:
-            w.close()
 
 
 def _page_requests(requests: collections.Counter[str]) -> collections.Counter[str]:

@@ -9,15 +9,14 @@ between runs of the same test with generous margins.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
 from consumers.runtime import read_statuses
 from crawlfleet.config import Settings
-from crawlfleet.crawl import Fleet, Plan
+from crawlfleet.crawl import Fleet
 from infra.demo_site import free_port
-from infra.topics import create_topics
 from producers.frontier import publish
 from schemas.topics import partition_for
 from tests.integration.behaviour_site import Behaviour, BehaviourSite
@@ -26,20 +25,6 @@ from tests.integration.fleet_helpers import query, store_ready, wait_until
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def fleet_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Fleet]]:
-    fleets: list[Fleet] = []
-
-    def make(settings: Settings, plan: Plan | None = None) -> Fleet:
-        create_topics(settings)
-        fleet = Fleet(settings, plan or Plan(), tmp_path_factory.mktemp("logs"))
-        fleet.start()
-        fleets.append(fleet)
-        return fleet
-
-    yield make
-    for f in fleets:
-        f.stop(10)
 
 
 def _hosts(first: int, n: int) -> list[str]:

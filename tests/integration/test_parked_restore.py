@@ -4,7 +4,7 @@ lost, nothing stored twice (real broker, real worker processes, real chDB)."""
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from fleet_helpers import (
@@ -27,20 +27,6 @@ pytestmark = pytest.mark.integration
 LEASE_MS = 6000  # a short broker-judged lease keeps the test fast
 
 
-@pytest.fixture
-def fleet() -> Iterator[Callable[[Settings], Workers]]:
-    made: list[Workers] = []
-
-    def make(settings: Settings) -> Workers:
-        w = Workers(settings)
-        made.append(w)
-        return w
-
-    try:
-        yield make
-    finally:
-        for w in made:
-            w.close()
 
 
 @pytest.mark.parametrize("wipe_local", [False, True])

@@ -7,7 +7,7 @@ import asyncio
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from aiohttp import web
@@ -15,7 +15,6 @@ from aiohttp import web
 from crawlfleet.config import Settings
 from crawlfleet.crawl import Fleet, Plan
 from infra.demo_site import DemoSite, bench_spec
-from infra.topics import create_topics
 from producers.frontier import publish
 
 pytestmark = pytest.mark.integration
@@ -74,20 +73,6 @@ class Blocker:
         self._loop.call_soon_threadsafe(self._loop.stop)
 
 
-@pytest.fixture
-def fleet_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Fleet]]:
-    fleets: list[Fleet] = []
-
-    def make(settings: Settings, plan: Plan) -> Fleet:
-        create_topics(settings)
-        fleet = Fleet(settings, plan, tmp_path_factory.mktemp("logs"))
-        fleet.start()
-        fleets.append(fleet)
-        return fleet
-
-    yield make
-    for f in fleets:
-        f.stop(10)
 
 
 def _rate(site: DemoSite, expected: set[str]) -> float:
