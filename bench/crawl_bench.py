@@ -335,6 +335,21 @@ def _table(runs: list[Run], title: str) -> Table:
     return table
 
 
+def add_crawler_args(parser: argparse.ArgumentParser, bare: bool = True) -> None:
+    """The options every benchmark shares: which crawlers run, and how crawlfleet starts."""
+    parser.add_argument("--skip-crawlfleet", action="store_true")
+    parser.add_argument("--skip-scrapy", action="store_true")
+    if bare:
+        parser.add_argument("--skip-bare", action="store_true")
+    parser.add_argument("--crawlfleet-cmd", help="command to start crawlfleet (default: found)")
+    parser.add_argument(
+        "--crawlfleet-arg",
+        action="append",
+        default=[],
+        help="extra argument for `crawlfleet crawl` (repeatable)",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--pages", type=int, default=10_000)
@@ -343,16 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=18500)
     parser.add_argument("--page-bytes", type=int, default=12_000)
     parser.add_argument("--links-per-page", type=int, default=10)
-    parser.add_argument("--skip-crawlfleet", action="store_true")
-    parser.add_argument("--skip-scrapy", action="store_true")
-    parser.add_argument("--skip-bare", action="store_true")
-    parser.add_argument("--crawlfleet-cmd", help="command to start crawlfleet (default: found)")
-    parser.add_argument(
-        "--crawlfleet-arg",
-        action="append",
-        default=[],
-        help="extra argument for `crawlfleet crawl` (repeatable)",
-    )
+    add_crawler_args(parser)
     parser.add_argument("--timeout", type=float, default=3600.0, help="per-crawler seconds")
     parser.add_argument("--repeat", type=int, default=3, help="runs per crawler (median shown)")
     parser.add_argument(

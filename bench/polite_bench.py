@@ -49,7 +49,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.crawl_bench import TreeMemorySampler, crawlfleet_command, run_crawlfleet
+from bench.crawl_bench import (
+    TreeMemorySampler,
+    add_crawler_args,
+    crawlfleet_command,
+    run_crawlfleet,
+)
 from bench.peers import PeerResult
 from bench.polite_peers import run_polite_scrapy, scrapy_polite_settings
 from infra.demo_site import DemoSite, SiteSpec, bench_spec, canonical_url, free_port
@@ -329,15 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--scrapy-concurrency", type=int, default=16, help="Scrapy CONCURRENT_REQUESTS"
     )
-    parser.add_argument("--skip-crawlfleet", action="store_true")
-    parser.add_argument("--skip-scrapy", action="store_true")
-    parser.add_argument("--crawlfleet-cmd", help="command to start crawlfleet (default: found)")
-    parser.add_argument(
-        "--crawlfleet-arg",
-        action="append",
-        default=[],
-        help="extra argument for `crawlfleet crawl` (repeatable)",
-    )
+    add_crawler_args(parser, bare=False)
     parser.add_argument("--timeout", type=float, default=1800.0, help="per-crawler seconds")
     parser.add_argument("--timeline", action="store_true", help="print requests per second")
     parser.add_argument("--json-out", type=Path, help="also write the results as JSON here")

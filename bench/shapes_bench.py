@@ -53,6 +53,7 @@ from rich.table import Table
 
 from bench.crawl_bench import (
     TreeMemorySampler,
+    add_crawler_args,
     crawlfleet_argv,
     crawlfleet_command,
     crawlfleet_env,
@@ -758,16 +759,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--warmup-pages", type=int, default=2000, help="crawlfleet's uncounted warm-up (0: none)"
     )
-    parser.add_argument("--skip-crawlfleet", action="store_true")
-    parser.add_argument("--skip-scrapy", action="store_true")
-    parser.add_argument("--skip-bare", action="store_true")
-    parser.add_argument("--crawlfleet-cmd", help="command to start crawlfleet (default: found)")
-    parser.add_argument(
-        "--crawlfleet-arg",
-        action="append",
-        default=[],
-        help="extra argument for `crawlfleet crawl` (repeatable)",
-    )
+    add_crawler_args(parser)
     parser.add_argument("--json-out", type=Path, help="also write the results as JSON here")
     parser.add_argument("--log-dir", type=Path, help="crawlfleet's output (default: a temp dir)")
     args = parser.parse_args(argv)
