@@ -34,11 +34,10 @@ import logging
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from rocksdict import (
     BlockBasedIndexType,
     BlockBasedOptions,
@@ -51,9 +50,10 @@ from rocksdict import (
     WriteOptions,
 )
 
+from consumers.state_store import tail_changelog
 from crawlfleet.config import Settings
 from crawlfleet.errors import DecodeError, InfraError
-from infra.kafka_io import consume_ready, raw_value, tp_of
+from infra.kafka_io import raw_value
 from schemas.codec import Codec, HeadersIn
 
 log = logging.getLogger("crawlfleet.seen")
@@ -277,47 +277,23 @@ class SeenStore:
             return 0
         for p in todo:
             self.open(p)
-        conf = {**settings.kafka_common(), "group.id": "crawlfleet-seen-restore",
-                "enable.auto.commit": False, "isolation.level": "read_committed",
-                "enable.partition.eof": True, "auto.offset.reset": "earliest",
-                # End-of-partition is only seen when a fetch returns: do not let the broker
-                # hold an empty fetch open for the default 500 ms.
-                "fetch.wait.max.ms": 10}
-        consumer = Consumer(conf)
         n = 0
-        try:
-            starts = {p: self._start_offset(consumer, topic, p, timeout_s) for p in todo}
-            consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
-            pending = set(todo)
-            deadline = time.monotonic() + timeout_s
-            while pending and time.monotonic() < deadline:
-                batches: dict[int, WriteBatch] = {}
-                nexts: dict[int, int] = {}
-                for msg in consume_ready(consumer, 1000, 0.1):
-                    part = tp_of(msg)[1]
-                    err = msg.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            pending.discard(part)
-                            end = msg.offset()
-                            if end is not None and end >= 0:
-                                nexts[part] = max(nexts.get(part, 0), end)
-                        else:
-                            log.warning("seen restore: %s", err)
-                        continue
-                    batch = batches.get(part)
-                    if batch is None:
-                        batch = batches[part] = WriteBatch(raw_mode=True)
+
+        def apply(records: dict[int, list[Message]], nexts: dict[int, int]) -> None:
+            nonlocal n
+            batches: dict[int, WriteBatch] = {}
+            for part, msgs in records.items():
+                batch = batches[part] = WriteBatch(raw_mode=True)
+                for msg in msgs:
                     n += self._apply(batch, msg.key(), raw_value(msg), msg.headers(), codec)
-                    offset = msg.offset()
-                    assert offset is not None
-                    nexts[part] = offset + 1
-                self._write_progress(topic, batches, nexts)
-            if pending:
-                log.warning("seen restore of %s incomplete after %ss (resumes from its "
-                            "checkpoint next time)", sorted(pending), timeout_s)
-        finally:
-            consumer.close()
+            self._write_progress(topic, batches, nexts)
+
+        pending = tail_changelog(settings, "seen", topic, todo,
+                                 lambda c, p: self._start_offset(c, topic, p, timeout_s),
+                                 apply, timeout_s)
+        if pending:
+            log.warning("seen restore of %s incomplete after %ss (resumes from its "
+                        "checkpoint next time)", sorted(pending), timeout_s)
         return n
 
     def _start_offset(self, consumer: Consumer, topic: str, partition: int,

@@ -48,6 +48,53 @@ KEY_FORMAT = b"\x00format"
 Transform = Callable[[Message], bytes | None]
 
 
+def tail_changelog(settings: Settings, name: str, topic: str, partitions: list[int],
+                   start_of: Callable[[Consumer, int], int],
+                   apply: Callable[[dict[int, list[Message]], dict[int, int]], None],
+                   timeout_s: float) -> set[int]:
+    """Read each changelog partition from ``start_of`` to its end (``read_committed``).
+
+    ``apply(records by partition, next offset by partition)`` is called once per poll, so a
+    store can write each batch of records together with its new checkpoint. Returns the
+    partitions whose end was not reached in ``timeout_s``.
+    """
+    conf = {**settings.kafka_common(), "group.id": f"crawlfleet-{name}-restore",
+            "enable.auto.commit": False, "isolation.level": "read_committed",
+            "enable.partition.eof": True, "auto.offset.reset": "earliest",
+            # End-of-partition is only seen when a fetch returns: do not let the broker hold
+            # an empty fetch open for the default 500 ms.
+            "fetch.wait.max.ms": 10}
+    consumer = Consumer(conf)
+    pending = set(partitions)
+    try:
+        starts = {p: start_of(consumer, p) for p in partitions}
+        consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
+        deadline = time.monotonic() + timeout_s
+        while pending and time.monotonic() < deadline:
+            records: dict[int, list[Message]] = {}
+            nexts: dict[int, int] = {}
+            for msg in consume_ready(consumer, 1000, 0.1):
+                part = tp_of(msg)[1]
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(part)
+                        end = msg.offset()
+                        if end is not None and end >= 0:
+                            nexts[part] = max(nexts.get(part, 0), end)
+                    else:
+                        log.warning("%s restore: %s", name, err)
+                    continue
+                records.setdefault(part, []).append(msg)
+                offset = msg.offset()
+                assert offset is not None
+                nexts[part] = offset + 1
+            apply(records, nexts)
+    finally:
+        consumer.close()
+    return pending
+
+
 class StateStore:
     """Committed state of the changelog partitions this worker owns, on local disk."""
 
@@ -186,40 +233,14 @@ class StateStore:
             return set()
         for p in todo:
             self.open(p)
-        conf = {**settings.kafka_common(), "group.id": f"crawlfleet-{self.name}-restore",
-                "enable.auto.commit": False, "isolation.level": "read_committed",
-                "enable.partition.eof": True, "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 10}
-        consumer = Consumer(conf)
-        pending = set(todo)
-        try:
-            starts = {p: self._start_offset(consumer, topic, p) for p in todo}
-            consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
-            deadline = time.monotonic() + timeout_s
-            while pending and time.monotonic() < deadline:
-                changes: dict[int, list[tuple[bytes, bytes | None]]] = {}
-                nexts: dict[int, int] = {}
-                for msg in consume_ready(consumer, 1000, 0.1):
-                    part = tp_of(msg)[1]
-                    err = msg.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            pending.discard(part)
-                            end = msg.offset()
-                            if end is not None and end >= 0:
-                                nexts[part] = max(nexts.get(part, 0), end)
-                        else:
-                            log.warning("%s restore: %s", self.name, err)
-                        continue
-                    change = self._change_of(msg, transform)
-                    if change is not None:
-                        changes.setdefault(part, []).append(change)
-                    offset = msg.offset()
-                    assert offset is not None
-                    nexts[part] = offset + 1
-                self._write_progress(topic, changes, nexts)
-        finally:
-            consumer.close()
+
+        def apply(records: dict[int, list[Message]], nexts: dict[int, int]) -> None:
+            changes = {part: [c for c in (self._change_of(m, transform) for m in msgs)
+                              if c is not None] for part, msgs in records.items()}
+            self._write_progress(topic, changes, nexts)
+
+        pending = tail_changelog(settings, self.name, topic, todo,
+                                 lambda c, p: self._start_offset(c, topic, p), apply, timeout_s)
         if pending:
             log.error("%s restore of partitions %s incomplete after %ss: they stay unused",
                       self.name, sorted(pending), timeout_s)
