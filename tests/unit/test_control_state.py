@@ -1,0 +1,36 @@
+"""The control state folded from crawl.control: settings, and the parked backlog figures."""
+
+from __future__ import annotations
+
+from producers.control import GLOBAL_PAUSE, ControlState, backlog_key, cap_key, pause_key
+
+
+def _backlog(n: int) -> dict[str, object]:
+    return {"kind": "backlog", "target": None, "value": float(n), "text": None,
+            "issued_by": "fetch-0"}
+
+
+def test_backlog_reports_sum_to_the_parked_jobs_the_frontier_bound_counts() -> None:
+    st = ControlState()
+    st.apply(backlog_key(0), _backlog(120))
+    st.apply(backlog_key(3), _backlog(30))
+    st.apply(backlog_key(0), _backlog(100))  # the latest count per partition is what holds
+    assert st.parked == 130
+    st.apply(backlog_key(3), None)  # drained partition: tombstone
+    assert st.parked == 100
+    st.apply(backlog_key(0), _backlog(0))
+    assert st.parked == 0 and st.backlog == {}
+
+
+def test_backlog_figures_are_not_setting_changes() -> None:
+    """Workers re-derive holds when the version moves: a figure every commit must not."""
+    st = ControlState()
+    st.apply(backlog_key(1), _backlog(5))
+    assert st.version == 0
+    st.apply(pause_key("a.example"), {"kind": "pause", "target": "a.example", "value": None,
+                                      "text": None, "issued_by": "ops"})
+    st.apply(cap_key("b.example"), {"kind": "cap", "target": "b.example", "value": 0.5,
+                                    "text": None, "issued_by": "ops"})
+    assert st.version == 2
+    assert st.target_paused("a.example") and st.caps == {"b.example": 0.5}
+    assert not st.paused and GLOBAL_PAUSE == "pause:*"
