@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from consumers.membership import Membership
 from consumers.runtime import (
     FencedError,
     StatusFile,
@@ -23,7 +24,7 @@ from consumers.runtime import (
 )
 from consumers.slow_start import SlowStart
 from crawlfleet.config import Settings
-from crawlfleet.errors import DecodeError, FatalError
+from crawlfleet.errors import DecodeError, FatalError, KafkaStageError
 from infra.kafka_io import (
     Encoder,
     Output,
@@ -50,6 +51,9 @@ class NotDueError(Exception):
 class BatchStage(ABC):
     stage: ClassVar[str]
     batch_size: ClassVar[int] = 500
+    #: State changelogs this stage writes: ``delivered`` then holds, for the ``committed``
+    #: hook, the last offset each transaction wrote to each of their partitions.
+    changelogs: frozenset[str] = frozenset()
 
     def __init__(self, settings: Settings, worker_id: str | None = None,
                  stop: StopFlag | None = None) -> None:
@@ -61,11 +65,9 @@ class BatchStage(ABC):
         self.status = StatusFile(settings.status_dir, self.stage, self.worker)
         self._paused_until: dict[tuple[str, int], float] = {}
         self._committed: dict[tuple[str, int], int] = {}
-        self._generation = 0  # bumped by every rebalance callback
+        self._revoked: set[tuple[str, int]] = set()  # since the last gather
         self.slow_start = SlowStart()  # records per transaction after a quiet spell
-
-    @abstractmethod
-    def input_topics(self) -> list[str]: ...
+        self.delivered: dict[tuple[str, int], int] = {}
 
     @abstractmethod
     def handle(self, msg: Message) -> list[Output]:
@@ -86,21 +88,20 @@ class BatchStage(ABC):
         group = self.topology.group(self.stage)
         committer = TxnCommitter(self.settings, f"{group}-{self.worker}", self.worker)
         consumer = Consumer(consumer_conf(self.settings, group, self.worker))
-        consumer.subscribe(self.input_topics(), on_assign=self._on_assign,
-                           on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        self.membership.subscribe(consumer, self._on_assign, self._on_revoke)
         self.rolled_back()
         try:
             while not self.stop.requested:
                 self._resume_due(consumer)
-                generation = self._generation
+                self._revoked.clear()
                 msgs = self._gather(consumer)
-                if generation != self._generation:
-                    # A rebalance happened while gathering: records of partitions we may
-                    # no longer own must not be committed under the new generation.
-                    self._committed.clear()
-                    self.rolled_back()
-                    rewind(consumer, consumer.assignment())
-                    continue
+                if self._revoked:
+                    # Partitions moved while gathering (only those: the rebalance is
+                    # incremental): their records are the new owner's, not ours to commit.
+                    msgs = [m for m in msgs if tp_of(m) not in self._revoked]
+                    owned = {(p.topic, p.partition) for p in consumer.assignment()}
+                    # One revoked and assigned again: re-read it from its committed offset.
+                    rewind(consumer, [TopicPartition(t, p) for t, p in self._revoked & owned])
                 # No poll between these transactions, so no rebalance can come in between.
                 rest = self._process(consumer, committer, msgs)
                 while rest and not self.stop.requested:
@@ -119,14 +120,22 @@ class BatchStage(ABC):
         """
         return consume_ready(consumer, self.batch_size, 0.2)
 
+    @property
+    def membership(self) -> Membership:
+        return Membership(self.topology, self.stage)
+
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._generation += 1
+        """Only ``partitions`` move (cooperative): forget what we knew of them."""
+        for p in partitions:
+            key = (p.topic, p.partition)
+            self._revoked.add(key)
+            self._committed.pop(key, None)
+            self._paused_until.pop(key, None)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._generation += 1
-        self._committed.clear()
-        self._paused_until = {k: v for k, v in self._paused_until.items()
-                              if any((p.topic, p.partition) == k for p in partitions)}
+        """Newly assigned ``partitions`` (already added to the assignment)."""
+        for p in partitions:
+            self._revoked.discard((p.topic, p.partition))
 
     def rolled_back(self) -> None:
         """Hook: in-memory state derived from uncommitted work must be forgotten."""
@@ -149,6 +158,10 @@ class BatchStage(ABC):
         """Hook: the batch's transaction committed; apply the local state derived from it."""
         return
 
+    def unusable(self) -> set[tuple[str, int]]:
+        """Hook: assigned partitions whose records must wait (state not restored yet)."""
+        return set()
+
     def held_partitions(self) -> int:
         """Input partitions this stage holds back (paused until due, or not ready)."""
         return len(self._paused_until)
@@ -160,6 +173,9 @@ class BatchStage(ABC):
         The prefix is capped by slow start: a burst after a quiet spell (a crawl's next
         level) is committed in growing steps, so its first links reach the frontier early.
         """
+        # Taken before begin_batch, which may make partitions usable and seek them back:
+        # records of theirs already in ``msgs`` are then read again, not handled twice.
+        unusable = self.unusable()
         self.begin_batch()
         cap = self.slow_start.cap()
         outputs: list[Output] = []
@@ -169,7 +185,8 @@ class BatchStage(ABC):
         processed = 0
         for i, msg in enumerate(msgs):
             if processed >= cap:
-                rest = [m for m in msgs[i:] if m.error() is None and tp_of(m) not in held]
+                rest = [m for m in msgs[i:]
+                        if m.error() is None and tp_of(m) not in held | unusable]
                 break
             err = msg.error()
             if err is not None:
@@ -177,8 +194,8 @@ class BatchStage(ABC):
                     log.warning("%s consume error: %s", self.stage, err)
                 continue
             tp = tp_of(msg)
-            if tp in held:
-                continue
+            if tp in held or tp in unusable:
+                continue  # unusable: read again from the committed offset once it is ready
             try:
                 outputs.extend(self.handle(msg))
                 self.status.add("processed")
@@ -193,11 +210,20 @@ class BatchStage(ABC):
                 outputs.append(self.encoder.dead(None, raw_value(msg), tp[0], exc.reason,
                                                  str(exc), 1))
                 self.status.add("dead")
+            except (FencedError, KafkaStageError):
+                raise  # the stage's own standing, not this record's fault
+            except Exception as exc:  # no record can crash the stage into a replay loop
+                log.exception("%s: handling %s:%d@%d failed unexpectedly", self.stage,
+                              tp[0], tp[1], offset_of(msg))
+                outputs.append(self.encoder.dead(None, raw_value(msg), tp[0], "internal",
+                                                 f"{type(exc).__name__}: {exc}", 1))
+                self.status.add("dead")
+                self.status.add("internal_errors")
             offsets[tp] = offset_of(msg) + 1
             processed += 1
         # The position also steps over transaction markers, so an idle stage's lag is 0;
         # not for partitions with records left for the next transaction.
-        unfinished = held | {tp_of(m) for m in rest}
+        unfinished = held | unusable | {tp_of(m) for m in rest}
         for pos in consumer.position(consumer.assignment()):
             key = (pos.topic, pos.partition)
             if pos.offset >= 0 and key not in unfinished and pos.offset > offsets.get(key, -1):
@@ -209,8 +235,9 @@ class BatchStage(ABC):
         outputs.extend(own)
         commit = {**self._committed, **changed} if own else changed
         try:
-            committer.commit(consumer, outputs,
-                             [TopicPartition(t, p, o) for (t, p), o in commit.items()])
+            self.delivered = committer.commit(
+                consumer, outputs, [TopicPartition(t, p, o) for (t, p), o in commit.items()],
+                self.changelogs)
             self._committed.update(changed)
             self.status.add("committed_txns")
             self.slow_start.committed(processed)

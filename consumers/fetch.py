@@ -29,16 +29,25 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 
 from consumers.adaptive import TargetHealth
 from consumers.classify import Signal
 from consumers.http_fetch import Fetcher
 from consumers.ledger import Ledger, Pending, StoreChange
+from consumers.membership import Membership
 from consumers.outcomes import OutcomeRules, Result
 from consumers.pacer import Pacer
 from consumers.parking import ParkedQueues, encode_job, park_key, share_of
+from consumers.restorer import Restored, Restorer
 from consumers.robots import UNREACHABLE_RETRY_S
 from consumers.robots_cache import RobotsCache
 from consumers.runtime import FencedError, StatusFile, StopFlag, TxnCommitter, worker_name
@@ -75,6 +84,11 @@ TP = tuple[str, int]
 SPILL_AFTER_S = 10.0
 #: A worker out of queued jobs hands its results on this often, not on the full interval.
 _STARVED_COMMIT_S = 0.1
+#: How long a starting worker waits for the control topic's end before it says so (and
+#: keeps waiting: it takes no work without the settings in force).
+CONTROL_CATCH_UP_S = 30.0
+#: Expired dedupe keys are swept from the local store (a slice at a time) this often.
+SWEEP_EVERY_S = 10.0
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -142,7 +156,10 @@ class _Session:
         self.sched: TargetScheduler[Pending] = TargetScheduler(
             self._base_interval, limit=self.s.max_inflight_per_target)
         self.health: dict[str, TargetHealth] = {}
-        self.seen = SeenStore(stage.state_dir("seen"))
+        self.seen = SeenStore(stage.state_dir("seen"), ttl_s=self.s.seen_ttl_s)
+        self.membership = Membership(self.topo, "fetch")
+        self.restorer = Restorer("fetch", self._restore)
+        self.sweep_at = 0.0
         self.parked = ParkedQueues(StateStore("parked", stage.state_dir("parked")),
                                    self.topo.partitions)
         self.robots = RobotsCache(self.s.robots_agent, self.s.robots_ttl_s, self._on_robots)
@@ -175,35 +192,83 @@ class _Session:
         group = self.topo.group("fetch")
         self.committer = TxnCommitter(self.s, f"{group}-{self.st.worker}", self.st.worker)
         self.control = ControlReader(self.s, self.topo.control, self.enc.codec)
-        self.control.poll(1.0)  # settings in force before the first job is dequeued
+        # The settings in force (a fleet-wide pause above all) before any job is taken: a
+        # worker started while the fleet is paused must not fetch anything.
+        while not self.control.catch_up(CONTROL_CATCH_UP_S):
+            if self.st.stop.requested:
+                return
+            log.error("fetch %s: cannot read %s to its end; not taking work until it can",
+                      self.st.worker, self.topo.control)
+            self.status.add("control_catch_up_failures")
+        self.ctl_paused = self.control.state.paused
         self.consumer = Consumer(consumer_conf(self.s, group, self.st.worker))
-        self.consumer.subscribe(self.topo.inputs("fetch"),
-                                on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                on_lost=self._on_lost)
+        self.membership.subscribe(self.consumer, self._on_assign, self._on_revoke,
+                                  self._on_lost)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        parts = sorted({p.partition for p in partitions})
-        n = self.seen.restore(self.s, self.topo.seen, parts, self.enc.codec)
-        self.status.add("seen_restored", n)
-        fresh = [p for p in parts if p not in self.parked.store.partitions()]
-        incomplete = self.parked.store.restore(self.s, self.topo.parked, fresh,
-                                               _parked_transform(self.enc))
-        restored: list[str] = []
-        for p in fresh:
-            if p not in incomplete:
-                restored += self.parked.restored(p)
-        self.ledger.assign([(p.topic, p.partition) for p in partitions])
-        # Assign here, not after the callback returns: that assignment would reset the pause
-        # state set below (measured with confluent-kafka 2.16).
-        consumer.assign(partitions)
-        if incomplete:  # never fetch with a partial parked queue: hold those partitions
-            self.status.add("restore_incomplete", len(incomplete))
-            consumer.pause([p for p in partitions if p.partition in incomplete])
-        if self.paused or self.ctl_paused:  # pause state does not survive a rebalance
-            consumer.pause(partitions)
+        """New partitions (both tiers of each) wait, paused, for their dedupe and parked
+        stores, restored on the restorer's thread: the partitions this worker already owns
+        keep flowing meanwhile, and the callback returns at once."""
+        consumer.pause(partitions)
+        self.restorer.start({p.partition for p in partitions})
+        self.status.add("assigned_partitions", len(partitions))
         self.members_stale = self.s.fleet_rate_cap > 0  # read it outside the callback
-        if restored:
-            self.loop.call_soon_threadsafe(self._refill_many, restored)
+
+    def _restore(self, parts: set[int]) -> tuple[set[int], Any]:
+        """Restore thread: the seen and parked stores of ``parts``, and the group's committed
+        offsets (read after any pending transactional ones settled, KIP-447)."""
+        began = time.monotonic()
+        for p in parts:  # a leftover DB (a cancelled restore) is reopened from its checkpoint
+            self.seen.drop(p)
+            self.parked.dropped(p)
+            self.parked.store.drop(p)
+        tps = self.membership.expand([TopicPartition(self.topo.frontier, p) for p in parts])
+        reader = Consumer({**self.s.kafka_common(), "group.id": self.topo.group("fetch"),
+                           "enable.auto.commit": False, "isolation.level": "read_committed"})
+        try:
+            offsets = {(tp.topic, tp.partition): tp.offset
+                       for tp in reader.committed(tps, timeout=30)}
+        finally:
+            reader.close()
+        timeout = self.s.restore_timeout_s
+        n, failed = self.seen.restore_partitions(self.s, self.topo.seen, sorted(parts),
+                                                 self.enc.codec, timeout)
+        failed |= self.parked.store.restore(self.s, self.topo.parked, sorted(parts - failed),
+                                            _parked_transform(self.enc), timeout)
+        targets = [t for p in sorted(parts - failed) for t in self.parked.restored(p)]
+        return failed, (offsets, targets, n, time.monotonic() - began)
+
+    def _restored(self, done: Restored) -> None:
+        """Kafka thread: partitions whose restore completed join the ledger and resume from
+        the group's committed offsets (records polled before the pause took hold were
+        dropped by the ledger: they are read again)."""
+        assert self.consumer is not None
+        offsets, targets, records, seconds = done.payload if done.payload is not None \
+            else ({}, [], 0, 0.0)
+        self.status.add("seen_restored", records)
+        self.status.add("restore_ms", int(seconds * 1000))
+        tps = self.membership.expand([TopicPartition(self.topo.frontier, p)
+                                      for p in sorted(done.complete)])
+        for tp in tps:
+            offset = offsets.get((tp.topic, tp.partition), -1)
+            self.consumer.seek(TopicPartition(tp.topic, tp.partition,
+                                              offset if offset >= 0 else OFFSET_BEGINNING))
+        self.ledger.assign([(tp.topic, tp.partition) for tp in tps])
+        if tps and not (self.paused or self.ctl_paused):
+            self.consumer.resume(tps)
+        if done.complete:
+            self.status.add("restores")
+            log.info("fetch %s: partitions %s restored in %.2f s", self.st.worker,
+                     sorted(done.complete), done.seconds)
+        for p in done.failed:
+            self.parked.dropped(p)
+        if done.failed:
+            self.status.add("restore_failures")
+            log.error("fetch %s: state of partitions %s could not be restored%s; they stay "
+                      "paused and are retried", self.st.worker, sorted(done.failed),
+                      f" ({done.error})" if done.error else "")
+        if targets:
+            self.loop.call_soon_threadsafe(self._refill_many, targets)
 
     def _refresh_members(self) -> None:
         """Re-read the fetch group's live membership after a rebalance (fleet-wide cap)."""
@@ -228,6 +293,8 @@ class _Session:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = [(p.topic, p.partition) for p in partitions]
+        self.restorer.cancel({p.partition for p in partitions})
+        self.status.add("revoked_partitions", len(partitions))
         self.ledger.revoke(revoked)
         try:
             self._commit()  # hand over finished work before the partitions move
@@ -239,12 +306,14 @@ class _Session:
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Partitions already gone (session timed out): drop the work, commit nothing."""
         revoked = [(p.topic, p.partition) for p in partitions]
+        self.restorer.cancel({p.partition for p in partitions})
+        self.status.add("lost_partitions", len(partitions))
         self.ledger.revoke(revoked)
         self.broken = FencedError("partitions lost: membership expired")
         self._forget(revoked)
 
     def _forget(self, revoked: list[TP]) -> None:
-        owned = self.ledger.forget(revoked)
+        owned = self.ledger.forget(revoked) | self.restorer.waiting
         for part in self.seen.partitions() - owned:
             self.seen.drop(part)
         for part in self.parked.store.partitions() - owned:
@@ -261,14 +330,20 @@ class _Session:
             return
         batch.outputs += self._backlog_reports()
         try:
-            self.committer.commit(self.consumer, batch.outputs,
-                                  [TopicPartition(t, p, o) for (t, p), o in batch.offsets.items()])
+            written = self.committer.commit(
+                self.consumer, batch.outputs,
+                [TopicPartition(t, p, o) for (t, p), o in batch.offsets.items()],
+                frozenset({self.topo.seen, self.topo.parked}))
         except CrawlfleetError:
             self.ledger.aborted()
             self.parked.aborted(batch.changes)
             raise
-        self.seen.put_many((p, k, st, a) for (p, k), (st, a) in batch.seen.items())
+        # Each store applies this transaction's writes and moves its checkpoint past them.
+        self.seen.put_many(((p, k, st, a) for (p, k), (st, a) in batch.seen.items()),
+                           {p: o + 1 for (t, p), o in written.items() if t == self.topo.seen})
         gained = self.parked.committed(batch.changes)
+        self.parked.store.advance({p: o + 1 for (t, p), o in written.items()
+                                   if t == self.topo.parked})
         self.ledger.committed(batch)
         self.slow_start.committed(len(batch.outputs))
         self.status.add("committed_txns")
@@ -287,8 +362,14 @@ class _Session:
     def _poll(self, timeout: float) -> list[Message]:
         assert self.consumer is not None and self.control is not None
         changed = self.control.poll(0)
+        for done in self.restorer.finished():
+            self._restored(done)
         if self.members_stale:
             self._refresh_members()
+        now = time.monotonic()
+        if now >= self.sweep_at:  # expired dedupe keys give their disk back, a slice a time
+            self.sweep_at = now + SWEEP_EVERY_S
+            self.status.add("seen_expired", self.seen.sweep())
         # Memory is bounded per target (work beyond a share is parked), so the worker as a
         # whole is full only when many targets are each at their share.
         buffered = len(self.sched) + self.running
@@ -298,8 +379,10 @@ class _Session:
         if want_paused != (self.paused or self.ctl_paused):
             if want_paused:
                 self.consumer.pause(self.consumer.assignment())
-            else:
-                self.consumer.resume(self.consumer.assignment())
+            else:  # not the partitions still waiting for their restore
+                waiting = self.restorer.waiting
+                self.consumer.resume([tp for tp in self.consumer.assignment()
+                                      if tp.partition not in waiting])
         self.paused, self.ctl_paused = full, self.control.state.paused
         if changed:
             self.loop.call_soon_threadsafe(self._apply_control)
@@ -348,6 +431,7 @@ class _Session:
             self.consumer.close()
         if self.committer is not None:
             self.committer.close()
+        self.restorer.close()
         self.seen.close()
         self.parked.store.close()
         if self.control is not None:
@@ -384,7 +468,9 @@ class _Session:
     def _report(self) -> None:
         self.status.gauges.update(inflight=self.running, queued=len(self.sched),
                                   parked=self.parked.total(), seen_keys=len(self.seen),
-                                  paused=int(self.paused))
+                                  paused=int(self.paused),
+                                  restoring=len(self.restorer.waiting),
+                                  restore_failing=len(self.restorer.failing))
         if self.running or len(self.sched):
             self.status.add("busy_ticks")
         self.status.write()

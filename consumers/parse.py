@@ -63,9 +63,6 @@ class ParseStage(BatchStage):
         self._allowed = frozenset(self.settings.allowed_targets)
         self._gate = FrontierGate(self.settings)
 
-    def input_topics(self) -> list[str]:
-        return self.topology.inputs(self.stage)
-
     def begin_batch(self) -> None:
         self._gate.refresh()
 

@@ -25,6 +25,7 @@ from collections import defaultdict
 from typing import Any
 
 from confluent_kafka import (
+    OFFSET_BEGINNING,
     TIMESTAMP_LOG_APPEND_TIME,
     Consumer,
     KafkaError,
@@ -36,6 +37,7 @@ from confluent_kafka import (
 
 from consumers import timers
 from consumers.batch_stage import BatchStage
+from consumers.restorer import Restored, Restorer
 from consumers.state_store import META, StateStore
 from crawlfleet.errors import DecodeError
 from infra.kafka_io import Output, offset_of, producer_conf, tp_of
@@ -48,8 +50,7 @@ FIRE_BATCH = 1000
 #: While timers wait, refresh the broker-time bound this often with a probe write.
 PROBE_EVERY_S = 30.0
 #: A partition whose store could not be restored is retried this often (kept paused).
-RESTORE_RETRY_S = 30.0
-RESTORE_TIMEOUT_S = 60.0
+RESTORE_RETRY_S = 10.0
 #: Key of the probe record: a tombstone under the store's reserved prefix, which restores skip.
 PROBE_KEY = META + b"clock-probe"
 
@@ -62,29 +63,24 @@ class RetryStage(BatchStage):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._tiers = {self.topology.retry(d): (i, d * 1000) for i, d in enumerate(RETRY_DELAYS_S)}
+        self.changelogs = frozenset({self.topology.timers})
         self.clock = timers.BrokerClock()
         self.store = StateStore("timers", self.settings.data_dir / "timers" / (
             self.topology.prefix.rstrip(".") or "default") / self.worker)
         self._counts: dict[int, int] = {}  # live timers per usable partition
         self._pending: dict[int, list[Change]] = defaultdict(list)  # uncommitted changes
         self._unready: set[int] = set()  # assigned, but no usable store: inputs paused
-        self._restore_at = 0.0
+        self.restorer = Restorer("timers", self._restore, RESTORE_RETRY_S)
         self._probe: Producer | None = None
         self._probed_at: float | None = None
-        self._consumer: Consumer | None = None  # for restores retried outside the callback
-        # Committed offsets read at assignment, for the base class once it has forgotten the
-        # former generation's (its first batch after a rebalance): with them, a transaction
-        # that only fires timers still carries offsets, so the broker checks our generation.
-        self._assigned_offsets: dict[tuple[str, int], int] = {}
+        self._consumer: Consumer | None = None  # the group consumer, for seeks on restore
         self._create_time: set[tuple[str, int]] = set()  # tier partitions warned about
-
-    def input_topics(self) -> list[str]:
-        return self.topology.retry_topics
 
     def run(self) -> None:
         try:
             super().run()
         finally:
+            self.restorer.close()
             self.store.close()
             if self._probe is not None:
                 self._probe.flush(5)
@@ -177,6 +173,9 @@ class RetryStage(BatchStage):
             self.store.apply(part, changes)
             self._counts[part] += delta
         self._pending.clear()
+        # Our committed writes are applied: a restore need not read them again.
+        self.store.advance({p: o + 1 for (t, p), o in self.delivered.items()
+                            if t == self.topology.timers and p in self._counts})
         self.status.gauges["timers"] = sum(self._counts.values())
 
     def rolled_back(self) -> None:
@@ -217,69 +216,84 @@ class RetryStage(BatchStage):
     # --- partitions -----------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """New partitions (every tier of each: see Membership) wait, paused, for their
+        timer store: restored on the restorer's thread, never in this callback."""
         super()._on_assign(consumer, partitions)
-        # Assign now: the assignment made after this callback returns would not keep the
-        # pauses below (measured with confluent-kafka 2.16).
-        consumer.assign(partitions)
-        self._pending.clear()
-        for part in self.store.partitions():  # normally dropped at revoke; never reused
-            self.store.drop(part)
-        self._counts.clear()
-        by_part: dict[int, set[str]] = defaultdict(set)
-        for tp in partitions:
-            by_part[tp.partition].add(tp.topic)
-        aligned = {p for p, topics in by_part.items() if topics == set(self._tiers)}
-        if aligned != set(by_part):
-            # Another worker owns a tier of these partitions: neither may use the timers.
-            log.error("retry tiers of partitions %s are not all assigned to %s (is the "
-                      "assignor still 'range'?): they stay paused",
-                      sorted(set(by_part) - aligned), self.worker)
-        self._unready = set(by_part)
-        self._ready(consumer, aligned)
+        self._consumer = consumer
+        consumer.pause(partitions)
+        parts = {tp.partition for tp in partitions}
+        self._unready |= parts
+        self.restorer.start(parts)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         super()._on_revoke(consumer, partitions)
-        for part in {tp.partition for tp in partitions}:
+        parts = {tp.partition for tp in partitions}
+        self.restorer.cancel(parts)
+        for part in parts:
             self.store.drop(part)
             self._counts.pop(part, None)
             self._unready.discard(part)
-        self._pending.clear()
-        self._assigned_offsets.clear()
         self.status.gauges["timers"] = sum(self._counts.values())
 
-    def begin_batch(self) -> None:
-        if self._unready and time.monotonic() >= self._restore_at and self._consumer is not None:
-            self._ready(self._consumer, self._unready)
-        for tp, offset in self._assigned_offsets.items():
-            self._committed.setdefault(tp, offset)
-        self._assigned_offsets.clear()
+    def unusable(self) -> set[tuple[str, int]]:
+        return {(t, p) for t in self._tiers for p in self._unready}
 
-    def _ready(self, consumer: Consumer, parts: set[int]) -> None:
-        """Restore the stores of ``parts`` and resume their tiers; pause any that failed."""
-        self._consumer = consumer
+    def begin_batch(self) -> None:
+        if self._consumer is not None:
+            for done in self.restorer.finished():
+                self._usable(self._consumer, done)
+        failing = self.restorer.failing
+        self.status.gauges["restore_failing"] = len(failing)
+
+    def _restore(self, parts: set[int]) -> tuple[set[int], Any]:
+        """Restore thread: committed offsets, then the timer stores of ``parts``."""
         tps = [TopicPartition(t, p) for t in self._tiers for p in sorted(parts)]
-        failed = set(parts)
+        reader = Consumer({**self.settings.kafka_common(),
+                           "group.id": self.topology.group(self.stage),
+                           "enable.auto.commit": False, "isolation.level": "read_committed"})
         try:
-            # Also waits for a former owner's pending transactional offsets (KIP-447), so
-            # its last timers are on the changelog before the restore reads it.
-            for tp in consumer.committed(tps, timeout=30) if parts else []:
-                if tp.offset >= 0:
-                    self._assigned_offsets[(tp.topic, tp.partition)] = tp.offset
-            failed = self.store.restore(self.settings, self.topology.timers, parts,
-                                        self._restored_value, RESTORE_TIMEOUT_S)
-        except KafkaException as exc:
-            log.error("retry %s: committed offsets of %s unavailable: %s", self.worker,
-                      sorted(parts), exc)
-        for part in parts - failed:
-            self._counts[part] = self._count(part)
+            # read_committed asks for stable offsets (KIP-447): this waits for a former
+            # owner's pending transactional offsets, so its last timers are on the changelog
+            # before the restore reads it.
+            offsets = {(tp.topic, tp.partition): tp.offset
+                       for tp in reader.committed(tps, timeout=30)}
+        finally:
+            reader.close()
+        for part in parts:
+            self.store.drop(part)  # a leftover DB is reopened from its checkpoint
+        failed = self.store.restore(self.settings, self.topology.timers, parts,
+                                    self._restored_value, self.settings.restore_timeout_s)
+        return failed, (offsets, {p: self._count(p) for p in parts - failed})
+
+    def _usable(self, consumer: Consumer, done: Restored) -> None:
+        """A restore finished: its complete partitions resume where the group committed."""
+        offsets, counts = done.payload if done.payload is not None else ({}, {})
+        tps: list[TopicPartition] = []
+        for part in done.complete:
+            self._counts[part] = counts[part]
             self._unready.discard(part)
-        if failed:
-            log.error("retry %s: timer store of partitions %s could not be restored; their "
-                      "tiers stay paused, retried every %.0f s", self.worker, sorted(failed),
+            for topic in self._tiers:
+                offset = offsets.get((topic, part), -1)
+                if offset >= 0:
+                    # With it, a transaction that only fires timers carries offsets too,
+                    # so the broker checks our generation.
+                    self._committed[(topic, part)] = offset
+                # Records polled before the pause took hold were skipped: read them again.
+                tps.append(TopicPartition(topic, part, offset if offset >= 0
+                                          else OFFSET_BEGINNING))
+        for tp in tps:
+            consumer.seek(tp)
+        consumer.resume(tps)
+        if done.complete:
+            self.status.add("restores")
+            log.info("retry %s: timers of partitions %s restored in %.2f s", self.worker,
+                     sorted(done.complete), done.seconds)
+        if done.failed:
+            self.status.add("restore_failures")
+            log.error("retry %s: timer store of partitions %s could not be restored%s; their "
+                      "tiers stay paused, retried every %.0f s", self.worker,
+                      sorted(done.failed), f" ({done.error})" if done.error else "",
                       RESTORE_RETRY_S)
-        consumer.pause([TopicPartition(t, p) for t in self._tiers for p in self._unready])
-        consumer.resume([tp for tp in tps if tp.partition not in self._unready])
-        self._restore_at = time.monotonic() + RESTORE_RETRY_S
         self.status.gauges["timers"] = sum(self._counts.values())
 
     def _restored_value(self, msg: Message) -> bytes | None:

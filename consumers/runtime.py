@@ -96,12 +96,25 @@ class TxnCommitter:
         self._run(lambda: self.producer.init_transactions(30))
 
     def commit(self, consumer: Consumer, outputs: Iterable[Output],
-               offsets: list[TopicPartition]) -> None:
-        """Produce ``outputs`` and commit ``offsets`` of ``consumer``'s group atomically."""
+               offsets: list[TopicPartition],
+               track: frozenset[str] = frozenset()) -> dict[tuple[str, int], int]:
+        """Produce ``outputs`` and commit ``offsets`` of ``consumer``'s group atomically.
+
+        Returns the last offset written to each partition of the ``track`` topics (state
+        changelogs), so a store can move its checkpoint past its own committed writes.
+        """
+        written: dict[tuple[str, int], int] = {}
+
+        def delivered(err: KafkaError | None, msg: Any) -> None:
+            offset = msg.offset()
+            if err is None and offset is not None and offset >= 0:
+                key = (msg.topic(), msg.partition())
+                written[key] = max(written.get(key, -1), offset)
+
         self._run(self.producer.begin_transaction)
         try:
             for o in outputs:
-                self._produce(o)
+                self._produce(o, delivered if o.topic in track else None)
             if offsets:
                 meta = consumer.consumer_group_metadata()
                 self._run(lambda: self.producer.send_offsets_to_transaction(offsets, meta, 30))
@@ -111,12 +124,19 @@ class TxnCommitter:
         except TxnAbortedError:
             self._abort()
             raise
+        # commit_transaction flushed every record and served their delivery reports.
+        return written
 
-    def _produce(self, o: Output) -> None:
+    def _produce(self, o: Output, on_delivery: Callable[..., None] | None = None) -> None:
         while True:
             try:
-                self.producer.produce(o.topic, value=o.value, key=o.key, partition=o.partition,
-                                      headers=o.headers)
+                if on_delivery is None:
+                    self.producer.produce(o.topic, value=o.value, key=o.key,
+                                          partition=o.partition, headers=o.headers)
+                else:
+                    self.producer.produce(o.topic, value=o.value, key=o.key,
+                                          partition=o.partition, headers=o.headers,
+                                          on_delivery=on_delivery)
                 return
             except BufferError:
                 self.producer.poll(0.05)  # queue full: let deliveries drain
@@ -182,8 +202,8 @@ class StopFlag:
 
 #: Status gauges that mean a worker still holds work: a pipeline is drained only when every
 #: worker reports zero for each (jobs in flight, queued in memory, parked on disk, waiting in
-#: the timer store, or partitions held back).
-HOLDING_GAUGES = ("inflight", "queued", "parked", "timers", "held_partitions")
+#: the timer store, partitions held back, or partitions waiting for their state's restore).
+HOLDING_GAUGES = ("inflight", "queued", "parked", "timers", "held_partitions", "restoring")
 
 
 def holds_work(gauges: dict[str, Any]) -> dict[str, Any]:

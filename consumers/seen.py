@@ -34,6 +34,7 @@ import logging
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -73,15 +74,16 @@ META_PREFIX = b"\x00"
 KEY_CHECKPOINT = b"\x00checkpoint"  # next changelog offset to read, 8 bytes big-endian
 KEY_FORMAT = b"\x00format"  # layout of this DB; another layout is wiped and rebuilt
 KEY_TOPIC = b"\x00topic"  # changelog topic the checkpoint refers to
-FORMAT = b"seen-v1"
+FORMAT = b"seen-v2"  # v2: values carry their write time (the TTL)
 _META_KEYS = 3
 
 _STATE_CODES = {DONE: 0, RETRYING: 1, DEAD: 2}
 _STATES = (DONE, RETRYING, DEAD)
 
 
-def encode_value(state: str, attempt: int) -> bytes:
-    """(state, attempt) → 1 state byte + the zigzag varint of ``attempt`` (2 bytes typically)."""
+def encode_value(state: str, attempt: int, written_s: int | None = None) -> bytes:
+    """(state, attempt[, written]) → 1 state byte + the zigzag varint of ``attempt`` (2 bytes
+    typically) + the varint of the write time in epoch seconds, if given (for the TTL)."""
     try:
         code = _STATE_CODES[state]
     except KeyError:
@@ -89,27 +91,43 @@ def encode_value(state: str, attempt: int) -> bytes:
     if not -(1 << 63) <= attempt < (1 << 63):
         raise ValueError(f"attempt out of range: {attempt}")
     out = bytearray((code,))
-    n = (attempt << 1) ^ (attempt >> 63)  # zigzag: small magnitudes stay small, either sign
+    _varint(out, (attempt << 1) ^ (attempt >> 63))  # zigzag: small stays small, either sign
+    if written_s is not None:
+        if written_s < 0:
+            raise ValueError(f"write time out of range: {written_s}")
+        _varint(out, written_s)
+    return bytes(out)
+
+
+def _varint(out: bytearray, n: int) -> None:
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
         n >>= 7
     out.append(n)
-    return bytes(out)
 
 
 def decode_value(raw: bytes) -> tuple[str, int]:
-    """Inverse of :func:`encode_value`."""
+    """Inverse of :func:`encode_value`: (state, attempt)."""
+    state, attempt, _ = decode_entry(raw)
+    return state, attempt
+
+
+def decode_entry(raw: bytes) -> tuple[str, int, int | None]:
+    """(state, attempt, write time in epoch seconds or None) of a stored value."""
     if not raw or raw[0] >= len(_STATES):
         raise ValueError(f"corrupt seen value {raw!r}")
+    nums: list[int] = []
     n = shift = 0
-    for i, b in enumerate(raw[1:], 1):
+    for b in raw[1:]:
         n |= (b & 0x7F) << shift
-        if not b & 0x80:
-            if i != len(raw) - 1:
-                break
-            return _STATES[raw[0]], (n >> 1) ^ -(n & 1)
         shift += 7
-    raise ValueError(f"corrupt seen value {raw!r}")
+        if not b & 0x80:
+            nums.append(n)
+            n = shift = 0
+    if shift or not 1 <= len(nums) <= 2:
+        raise ValueError(f"corrupt seen value {raw!r}")
+    attempt = (nums[0] >> 1) ^ -(nums[0] & 1)
+    return _STATES[raw[0]], attempt, nums[1] if len(nums) == 2 else None
 
 
 def _key_bytes(key: str | bytes) -> bytes | None:
@@ -120,7 +138,10 @@ def _key_bytes(key: str | bytes) -> bytes | None:
 class SeenStore:
     """key (profile|canonical URL) → (state, attempt), one RocksDB per owned partition."""
 
-    def __init__(self, directory: Path | None = None) -> None:
+    def __init__(self, directory: Path | None = None, ttl_s: float | None = None) -> None:
+        #: Keys older than this are gone, as they are from the changelog (its retention).
+        self.ttl_s = ttl_s
+        self._sweep_at: tuple[int, bytes] = (0, b"")  # where the next expiry sweep goes on
         self._temp = directory is None
         self.directory = Path(tempfile.mkdtemp(prefix="crawlfleet-seen-")) if directory is None \
             else directory
@@ -231,11 +252,24 @@ class SeenStore:
         with self._lock:
             db = self._parts.get(partition)
             raw = None if db is None or k is None else db.get(k)
-        return None if raw is None else decode_value(raw)
+        if raw is None:
+            return None
+        state, attempt, written = decode_entry(raw)
+        if self._expired(written, time.time()):
+            return None
+        return state, attempt
 
-    def put_many(self, items: Iterable[tuple[int, str, str, int]]) -> None:
-        """Apply committed changes: (partition, key, state, attempt)."""
+    def _expired(self, written_s: int | None, now_s: float) -> bool:
+        return self.ttl_s is not None and written_s is not None \
+            and now_s - written_s > self.ttl_s
+
+    def put_many(self, items: Iterable[tuple[int, str, str, int]],
+                 checkpoints: dict[int, int] | None = None) -> None:
+        """Apply committed changes: (partition, key, state, attempt); with ``checkpoints``
+        (partition → changelog offset after the transaction's last write), move each
+        checkpoint past these writes in the same batch, so a restore reads only the tail."""
         batches: dict[int, WriteBatch] = {}
+        now_s = int(time.time())
         with self._lock:
             for partition, key, state, attempt in items:
                 if partition not in self._parts:
@@ -247,9 +281,55 @@ class SeenStore:
                 batch = batches.get(partition)
                 if batch is None:
                     batch = batches[partition] = WriteBatch(raw_mode=True)
-                batch.put(k, encode_value(state, attempt))
+                batch.put(k, encode_value(state, attempt, now_s))
+            for partition, nxt in (checkpoints or {}).items():
+                if partition in self._parts:
+                    batch = batches.get(partition)
+                    if batch is None:
+                        batch = batches[partition] = WriteBatch(raw_mode=True)
+                    batch.put(KEY_CHECKPOINT, nxt.to_bytes(8, "big"))
             for partition, batch in batches.items():
                 self._parts[partition].write(batch, self._write)
+
+    def sweep(self, budget: int = 20_000) -> int:
+        """Delete up to ``budget`` keys' worth of expired entries, resuming where the last
+        sweep stopped (reads already ignore them: this gives the disk back). Returns the
+        number deleted."""
+        if self.ttl_s is None:
+            return 0
+        now_s = time.time()
+        deleted = 0
+        with self._lock:
+            parts = sorted(self._parts)
+            if not parts:
+                return 0
+            part, start = self._sweep_at
+            if part not in self._parts:
+                part, start = parts[0], b""
+            db = self._parts[part]
+            it = db.iter()
+            it.seek(start or b"\x01")
+            batch = WriteBatch(raw_mode=True)
+            seen = 0
+            while it.valid() and seen < budget:
+                k, v = it.key(), it.value()
+                seen += 1
+                try:
+                    expired = self._expired(decode_entry(v)[2], now_s)
+                except ValueError:
+                    expired = True  # unreadable: the changelog has the truth
+                if expired:
+                    batch.delete(k)
+                    deleted += 1
+                it.next()
+            if it.valid():
+                self._sweep_at = (part, it.key())
+            else:  # this partition is done: the next one, from its start
+                later = [p for p in parts if p > part]
+                self._sweep_at = (later[0] if later else parts[0], b"")
+            if deleted:
+                db.write(batch, self._write)
+        return deleted
 
     def __len__(self) -> int:
         """Approximate key count (RocksDB's estimate), for the gauge."""
@@ -270,14 +350,21 @@ class SeenStore:
                 codec: Codec, timeout_s: float = 120.0) -> int:
         """Open ``partitions`` and apply the changelog from each one's checkpoint to its end.
 
-        Returns the number of changelog records applied (tombstones included).
+        Returns the number of changelog records applied (tombstones included). A partition
+        whose end was not reached in ``timeout_s`` is closed again: never used partial.
         """
+        return self.restore_partitions(settings, topic, partitions, codec, timeout_s)[0]
+
+    def restore_partitions(self, settings: Settings, topic: str, partitions: list[int],
+                           codec: Codec, timeout_s: float = 120.0) -> tuple[int, set[int]]:
+        """:meth:`restore`, also returning the partitions it could not complete (closed)."""
         todo = [p for p in partitions if p not in self.partitions()]
         if not todo:
-            return 0
+            return 0, set()
         for p in todo:
             self.open(p)
         n = 0
+        now_s = time.time()
 
         def apply(records: dict[int, list[Message]], nexts: dict[int, int]) -> None:
             nonlocal n
@@ -285,16 +372,20 @@ class SeenStore:
             for part, msgs in records.items():
                 batch = batches[part] = WriteBatch(raw_mode=True)
                 for msg in msgs:
-                    n += self._apply(batch, msg.key(), raw_value(msg), msg.headers(), codec)
+                    written = msg.timestamp()[1] // 1000
+                    n += self._apply(batch, msg.key(), raw_value(msg), msg.headers(), codec,
+                                     written if written > 0 else None, now_s)
             self._write_progress(topic, batches, nexts)
 
         pending = tail_changelog(settings, "seen", topic, todo,
                                  lambda c, p: self._start_offset(c, topic, p, timeout_s),
                                  apply, timeout_s)
         if pending:
-            log.warning("seen restore of %s incomplete after %ss (resumes from its "
-                        "checkpoint next time)", sorted(pending), timeout_s)
-        return n
+            log.error("seen restore of partitions %s incomplete after %ss: they stay unused "
+                      "(resumed from their checkpoint next time)", sorted(pending), timeout_s)
+            for p in pending:
+                self.drop(p)
+        return n, pending
 
     def _start_offset(self, consumer: Consumer, topic: str, partition: int,
                       timeout_s: float) -> int:
@@ -335,7 +426,8 @@ class SeenStore:
                 db.write(batch, self._write)
 
     def _apply(self, batch: WriteBatch, key: str | bytes | None, value: bytes | None,
-               headers: HeadersIn, codec: Codec) -> int:
+               headers: HeadersIn, codec: Codec, written_s: int | None = None,
+               now_s: float = 0.0) -> int:
         if key is None:
             return 0
         k = _key_bytes(key)
@@ -345,9 +437,12 @@ class SeenStore:
         if value is None:
             batch.delete(k)
             return 1
+        if self._expired(written_s, now_s):  # past the TTL: gone from the topic too
+            batch.delete(k)
+            return 1
         try:
             rec = codec.decode("Seen", value, headers)
-            batch.put(k, encode_value(rec["state"], rec["attempt"]))
+            batch.put(k, encode_value(rec["state"], rec["attempt"], written_s))
         except (DecodeError, ValueError, KeyError) as exc:  # never a crash loop on one record
             log.warning("seen restore: skipping undecodable record for %r: %s", key, exc)
             return 0

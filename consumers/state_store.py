@@ -214,6 +214,24 @@ class StateStore:
                     batch.put(k, v)
             db.write(batch, self._write)
 
+    def advance(self, nexts: dict[int, int]) -> None:
+        """Move checkpoints past committed writes already applied here (``partition → next
+        offset``), so the next restore reads only what came after them.
+
+        Only valid for a partition this worker owns and has restored: every record between
+        its checkpoint and ``next`` is then either restored or one of its own applied
+        writes (aborted ones are never read, and no one else writes while it owns it).
+        """
+        with self._lock:
+            for part, nxt in nexts.items():
+                db = self._parts.get(part)
+                if db is None:
+                    continue
+                raw = db.get(KEY_CHECKPOINT)
+                if raw is not None and int.from_bytes(raw, "big") >= nxt:
+                    continue
+                db.put(KEY_CHECKPOINT, nxt.to_bytes(8, "big"), self._write)
+
     def checkpoint(self, partition: int) -> int:
         with self._lock:
             raw = self._parts[partition].get(KEY_CHECKPOINT)

@@ -17,11 +17,20 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from consumers import faults
+from consumers.membership import Membership
 from consumers.runtime import StatusFile, StopFlag, worker_name
 from crawlfleet.config import Settings
 from crawlfleet.errors import DecodeError
 from infra.clickhouse import DEAD_COLUMNS, EVENT_COLUMNS, PAGE_COLUMNS, QueryServer, Store
-from infra.kafka_io import consume_ready, consumer_conf, offset_of, raw_value, topology_of, tp_of
+from infra.kafka_io import (
+    consume_ready,
+    consumer_conf,
+    offset_of,
+    raw_value,
+    rewind,
+    topology_of,
+    tp_of,
+)
 from schemas.codec import default_codec
 
 log = logging.getLogger("crawlfleet.store")
@@ -79,6 +88,7 @@ class StoreStage:
         self.store.ensure_schema()
         self.store.warm_up()
         self._committed: dict[tuple[str, int], int] = {}
+        self._revoked: set[tuple[str, int]] = set()
 
     def run(self) -> None:
         server = QueryServer(self.store, self.s.clickhouse_path) if self.store.embedded else None
@@ -86,11 +96,18 @@ class StoreStage:
             server.start()
         group = self.topology.group("store")
         consumer = Consumer(consumer_conf(self.s, group, self.worker))
-        consumer.subscribe(self.topology.inputs("store"),
-                           on_assign=lambda *_: self._committed.clear())
+        Membership(self.topology, self.stage).subscribe(consumer, on_revoke=self._on_revoke)
         try:
             while not self.stop.requested:
                 batch = self._collect(consumer)
+                if self._revoked:
+                    # Moved while collecting (only those partitions: rebalances are
+                    # incremental): the new owner stores them, from the committed offset.
+                    batch = [m for m in batch if tp_of(m) not in self._revoked]
+                    owned = {(p.topic, p.partition) for p in consumer.assignment()}
+                    # One revoked and assigned again: re-read it from its committed offset.
+                    rewind(consumer, [TopicPartition(t, p) for t, p in self._revoked & owned])
+                    self._revoked.clear()
                 offsets = self._write(batch) if batch else {}
                 self._commit(consumer, offsets)
                 self.status.write()
@@ -100,6 +117,11 @@ class StoreStage:
                 server.stop()
             self.store.close()
             self.status.remove()
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for p in partitions:
+            self._revoked.add((p.topic, p.partition))
+            self._committed.pop((p.topic, p.partition), None)
 
     def _collect(self, consumer: Consumer) -> list[Message]:
         """Records for one insert: at most ``store_batch_rows``, gathered for at most

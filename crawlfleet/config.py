@@ -125,8 +125,14 @@ class Settings:
     robots_ttl_s: float = 3600.0
     #: Retention of dedupe keys in ``crawl.seen``; must exceed retry horizon + lease.
     seen_ttl_s: float = 7 * 24 * 3600.0
-    #: Consumer-group session timeout: the broker-judged lease of a worker.
+    #: Consumer-group session timeout: the broker-judged lease of a worker. Workers are
+    #: static members (their worker id is their ``group.instance.id``): one restarted within
+    #: this time takes its partitions back with no rebalance, and one that stops for good
+    #: holds its partitions this long before the others take them over.
     session_timeout_ms: int = 30_000
+    #: A partition's state (dedupe keys, parked jobs, timers) restore gives up after this
+    #: long; the partition then stays paused and its restore is retried, never used partial.
+    restore_timeout_s: float = 120.0
     max_poll_interval_ms: int = 300_000
     #: How often a busy fetch worker commits its transaction (an idle one commits at once).
     #: Each transaction costs a produce request per partition it touches plus the broker's
@@ -199,7 +205,8 @@ def _problems(s: Settings) -> list[str]:
         if getattr(s, name) < 1:
             out.append(f"{name} must be >= 1")
     for name in ("rate_cap", "request_timeout_s", "connect_timeout_s", "commit_interval_s",
-                 "robots_ttl_s", "seen_ttl_s", "store_batch_wait_s", "target_buffer_s"):
+                 "robots_ttl_s", "seen_ttl_s", "store_batch_wait_s", "target_buffer_s",
+                 "restore_timeout_s"):
         if getattr(s, name) <= 0:
             out.append(f"{name} must be > 0")
     if s.frontier_lag_bound < 0:

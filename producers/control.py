@@ -10,11 +10,19 @@ a figure the frontier bound adds to the frontier's lag.
 from __future__ import annotations
 
 import getpass
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 
 from crawlfleet.config import Settings
 from crawlfleet.errors import DecodeError, KafkaStageError
@@ -93,6 +101,28 @@ class ControlReader:
                                    "enable.auto.commit": False,
                                    "isolation.level": "read_committed"})
         self._consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+
+    def catch_up(self, timeout_s: float) -> bool:
+        """Read to the end the topic had when called (True), or give up after ``timeout_s``.
+
+        The end is the high watermark: a control record still in an open transaction (a
+        backlog report) holds the reader until that transaction ends, which it does within
+        the transaction timeout.
+        """
+        tp = self._consumer.assignment()[0]
+        deadline = time.monotonic() + timeout_s
+        try:
+            _, end = self._consumer.get_watermark_offsets(tp, timeout=max(0.1, timeout_s))
+        except KafkaException:
+            return False
+        while True:
+            pos = self._consumer.position([tp])[0].offset
+            if end <= 0 or pos >= end:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self.poll(min(0.2, remaining))
 
     def poll(self, timeout: float = 0.0) -> bool:
         """Apply any new control records; True if the state changed."""

@@ -95,7 +95,7 @@ class Topology:
 
     def inputs(self, stage: str) -> list[str]:
         """The topics ``stage``'s consumer group reads (its queue depth is its lag on them)."""
-        by_stage = {"fetch": [self.frontier_high, self.frontier],
+        by_stage = {"fetch": [self.frontier, self.frontier_high],
                     "parse": [self.fetched],
                     "store": [self.parsed, self.telemetry, self.dead],
                     "retry": self.retry_topics}
@@ -103,6 +103,26 @@ class Topology:
             return by_stage[stage]
         except KeyError:
             raise KeyError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}") from None
+
+    def subscription(self, stage: str) -> list[str]:
+        """The topics ``stage``'s group subscribes to: its inputs minus the followers.
+
+        A stage that must own partition N of several topics together (fetch: both frontier
+        tiers, which share a target's cap and dedupe state; retry: every delay tier, which
+        share one timer store) subscribes to the first only and assigns the others' partition
+        N itself (:meth:`followers`). An assignor then cannot split them, whichever it is:
+        ``cooperative-sticky`` balances each topic on its own.
+        """
+        inputs = self.inputs(stage)
+        return inputs[:1] if self.followers(stage) else inputs
+
+    def followers(self, stage: str) -> list[str]:
+        """Inputs of ``stage`` whose partition N goes wherever the lead topic's N goes."""
+        if stage == "fetch":
+            return [self.frontier_high]
+        if stage == "retry":
+            return self.retry_topics[1:]
+        return []
 
     def record_of(self, topic: str) -> str:
         """The Avro record a topic carries."""

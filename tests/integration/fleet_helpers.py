@@ -401,9 +401,13 @@ def describe_fetch_results(records: Iterable[Record], keys: Iterable[str]) -> li
 def group_assignment(settings: Settings, stage: str) -> dict[str, set[tuple[str, int]]]:
     """{client id (= worker id): assigned (topic, partition)s} of a stage's consumer group.
 
-    Empty while the group coordinator is not answering yet (fresh broker, moving group).
+    The group assigns a stage's lead topic; its co-partitioned followers go with it (see
+    ``Topology.subscription``), so they are listed too. Empty while the group coordinator is
+    not answering yet (fresh broker, moving group).
     """
-    group = topology_of(settings).group(stage)
+    topo = topology_of(settings)
+    group = topo.group(stage)
+    followers = topo.followers(stage)
     admin = AdminClient(settings.kafka_common())
     try:
         desc = admin.describe_consumer_groups([group])[group].result(timeout=10)
@@ -412,7 +416,9 @@ def group_assignment(settings: Settings, stage: str) -> dict[str, set[tuple[str,
     out: dict[str, set[tuple[str, int]]] = {}
     for m in desc.members:
         tps = m.assignment.topic_partitions if m.assignment else []
-        out.setdefault(m.client_id, set()).update((tp.topic, tp.partition) for tp in tps)
+        mine = out.setdefault(m.client_id, set())
+        mine.update((tp.topic, tp.partition) for tp in tps)
+        mine.update((f, tp.partition) for f in followers for tp in tps)
     return out
 
 

@@ -222,8 +222,9 @@ REBALANCE_SLOW_S = 20.0
 def test_rebalance_mid_fetch_loses_nothing(settings: Settings,
                                            fleet: Callable[[Settings], Workers]) -> None:
     """A second fetch worker joins while a slow fetch is in flight (the everyday lease move:
-    scale-out). Range assignment hands the slow page's partition back to its first owner;
-    the job must still be stored exactly once, not skipped as "already in flight"."""
+    scale-out). Rebalances are incremental: the slow page's partition either stays with its
+    owner (its fetch goes on) or moves (its new owner redoes it, the old one's result is
+    dropped); either way the job is stored exactly once, never skipped as "in flight"."""
     s0 = settings.replace(request_timeout_s=REBALANCE_SLOW_S + 15)
     # fetch-0 sorts first, so it owns partitions 0 and 1 before and after fetch-1 joins.
     slow_ip = _hosts_in_partitions([0], s0.topic_partitions, [])[0]
@@ -241,7 +242,7 @@ def test_rebalance_mid_fetch_loses_nothing(settings: Settings,
         wait_until(lambda: len([m for m, tps in group_assignment(s, "fetch").items() if tps])
                    == 2, 60, "both fetch workers to own partitions")
         moved_at = time.monotonic()
-        assert (topo.frontier, 0) in group_assignment(s, "fetch")["fetch-0"]
+        kept = (topo.frontier, 0) in group_assignment(s, "fetch")["fetch-0"]
         in_flight_for = moved_at - site.first_at["/slow.html"]
         assert in_flight_for < REBALANCE_SLOW_S - 2, (
             f"precondition: the rebalance took {in_flight_for:.1f}s, the slow fetch was no "
@@ -252,7 +253,8 @@ def test_rebalance_mid_fetch_loses_nothing(settings: Settings,
         assert not problems, "\n".join([*problems, f"slow page requested "
                                          f"{site.count('/slow.html')} times", ws.logs()])
         assert site.count("/slow.html") <= 2
-    report("rebalance_mid_fetch", slow_requests=site.count("/slow.html"),
+    report("rebalance_mid_fetch", slow_partition_kept=kept,
+           slow_requests=site.count("/slow.html"),
            rebalanced_after_s=round(in_flight_for, 1), drain_s=round(drain_s, 1),
            total_s=round(time.monotonic() - started, 1))
 

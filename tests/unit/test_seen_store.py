@@ -12,6 +12,7 @@ from consumers.seen import (
     KEY_CHECKPOINT,
     RETRYING,
     SeenStore,
+    decode_entry,
     decode_value,
     encode_value,
 )
@@ -33,7 +34,8 @@ def test_value_codec_is_compact() -> None:
     assert len(encode_value(DEAD, 64)) == 3
 
 
-@pytest.mark.parametrize("raw", [b"", b"\x03\x00", b"\x00", b"\x00\x80", b"\x00\x00\x00"])
+@pytest.mark.parametrize("raw", [b"", b"\x03\x00", b"\x00", b"\x00\x80", b"\x00\x00\x80",
+                                 b"\x00\x00\x00\x00"])
 def test_value_codec_rejects_corrupt(raw: bytes) -> None:
     with pytest.raises(ValueError):
         decode_value(raw)
@@ -144,3 +146,54 @@ def test_one_directory_one_owner(tmp_path: Path) -> None:
     finally:
         first.close()
         second.close()
+
+
+def test_value_carries_its_write_time() -> None:
+    raw = encode_value(RETRYING, 3, 1_796_000_000)
+    assert decode_entry(raw) == (RETRYING, 3, 1_796_000_000)
+    assert decode_value(raw) == (RETRYING, 3)
+    assert decode_entry(encode_value(DONE, 0)) == (DONE, 0, None)  # no time: never expires
+
+
+def _age(store: SeenStore, partition: int, key: str, seconds: float) -> None:
+    """Rewrite a stored entry as if it had been written ``seconds`` ago."""
+    import time
+    state, attempt = store.get(partition, key) or (DONE, 0)
+    db = store._parts[partition]
+    db.put(key.encode(), encode_value(state, attempt, int(time.time() - seconds)))
+
+
+def test_keys_expire_after_the_ttl_and_a_sweep_deletes_them(tmp_path: Path) -> None:
+    """The changelog forgets a key after its retention: so does the local store."""
+    store = SeenStore(tmp_path, ttl_s=3600)
+    try:
+        store.open(0)
+        store.open(1)
+        store.put_many([(0, "d|http://a.test/old", DONE, 0), (0, "d|http://a.test/new", DONE, 0),
+                        (1, "d|http://b.test/old", DEAD, 1)])
+        _age(store, 0, "d|http://a.test/old", 3601)
+        _age(store, 1, "d|http://b.test/old", 7200)
+        assert store.get(0, "d|http://a.test/old") is None  # expired: read as never seen
+        assert store.get(1, "d|http://b.test/old") is None
+        assert store.get(0, "d|http://a.test/new") == (DONE, 0)
+        deleted = sum(store.sweep(budget=1) for _ in range(10))  # a slice at a time
+        assert deleted == 2
+        assert store._parts[0].get(b"d|http://a.test/old") is None  # the disk is given back
+        assert store._parts[0].get(b"d|http://a.test/new") is not None
+        assert store.sweep() == 0
+    finally:
+        store.close()
+
+
+def test_put_many_moves_the_checkpoint_past_applied_writes(tmp_path: Path) -> None:
+    store = SeenStore(tmp_path)
+    try:
+        store.open(0)
+        store.open(2)
+        assert store.checkpoint(0) == 0
+        store.put_many([(0, "d|http://a.test/", DONE, 0)], {0: 41, 5: 9})  # 5 is not ours
+        assert store.checkpoint(0) == 41
+        assert store.checkpoint(2) == 0
+        assert 5 not in store.partitions()
+    finally:
+        store.close()

@@ -169,7 +169,7 @@ def test_every_stage_declares_its_inputs_once() -> None:
     from schemas.topics import STAGES
     topo = Topology(prefix="p.")
     assert STAGES == ("fetch", "parse", "store", "retry")
-    assert topo.inputs("fetch") == [topo.frontier_high, topo.frontier]
+    assert topo.inputs("fetch") == [topo.frontier, topo.frontier_high]
     assert topo.inputs("parse") == [topo.fetched]
     assert topo.inputs("store") == [topo.parsed, topo.telemetry, topo.dead]
     assert topo.inputs("retry") == topo.retry_topics
@@ -186,3 +186,19 @@ def test_record_of_every_topic_comes_from_its_spec() -> None:
     assert topo.record_of(topo.parked) == "CrawlJob"
     with pytest.raises(KeyError):
         topo.record_of("p.crawl.nothing")
+
+
+def test_co_partitioned_inputs_follow_one_subscribed_lead_topic() -> None:
+    """Both frontier tiers (one cap, one dedupe store) and every retry tier (one timer
+    store) must share an owner per partition: only the lead is left to the assignor."""
+    from schemas.topics import STAGES
+    topo = Topology(prefix="p.")
+    assert topo.subscription("fetch") == [topo.frontier]
+    assert topo.followers("fetch") == [topo.frontier_high]
+    assert topo.subscription("retry") == topo.retry_topics[:1]
+    assert topo.followers("retry") == topo.retry_topics[1:]
+    for stage in ("parse", "store"):  # independent partitions: the assignor spreads them
+        assert topo.followers(stage) == [] and topo.subscription(stage) == topo.inputs(stage)
+    for stage in STAGES:  # nothing read that is not declared, nothing declared left unread
+        assert sorted(topo.subscription(stage) + topo.followers(stage)) == \
+            sorted(topo.inputs(stage))

@@ -1,0 +1,69 @@
+"""How a stage holds its partitions: incremental (cooperative) assignment, co-partitioned topics.
+
+Every stage's consumer is a static member with the ``cooperative-sticky`` assignor
+(:func:`infra.kafka_io.consumer_conf`), so a rebalance hands each member only the partitions
+that move. A stage whose inputs must share an owner per partition number subscribes to its
+lead topic only (:meth:`schemas.topics.Topology.subscription`); :class:`Membership` adds the
+followers' same-numbered partitions to every assignment and revocation, so the stage's
+callbacks always see whole partition sets, already assigned (and still assigned while a
+revocation callback runs, so it can commit their work first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from confluent_kafka import Consumer, TopicPartition
+
+from schemas.topics import Topology
+
+#: A rebalance callback of a stage: it sees the full (expanded) partition set.
+Callback = Callable[[Consumer, list[TopicPartition]], None]
+
+
+class Membership:
+    """The subscription of one stage, with its followers assigned alongside the lead topic."""
+
+    def __init__(self, topology: Topology, stage: str) -> None:
+        self.topics = topology.subscription(stage)
+        self.followers = topology.followers(stage)
+
+    def expand(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """The lead topic's partitions plus the same-numbered partition of every follower."""
+        out = [TopicPartition(p.topic, p.partition) for p in partitions]
+        for topic in self.followers:
+            out += [TopicPartition(topic, p.partition) for p in partitions]
+        return out
+
+    def subscribe(self, consumer: Consumer, on_assign: Callback | None = None,
+                  on_revoke: Callback | None = None, on_lost: Callback | None = None) -> None:
+        """Subscribe ``consumer``; the callbacks get expanded partition sets.
+
+        Assigned partitions are added before ``on_assign`` runs (so it can pause them: a
+        pause set before the assignment would not stick); revoked ones are removed after
+        ``on_revoke``/``on_lost`` ran.
+        """
+        def assigned(c: Consumer, parts: list[TopicPartition]) -> None:
+            full = self.expand(parts)
+            c.incremental_assign(full)
+            if on_assign is not None:
+                on_assign(c, full)
+
+        def revoked(c: Consumer, parts: list[TopicPartition]) -> None:
+            full = self.expand(parts)
+            try:
+                if on_revoke is not None:
+                    on_revoke(c, full)
+            finally:
+                c.incremental_unassign(full)
+
+        def lost(c: Consumer, parts: list[TopicPartition]) -> None:
+            full = self.expand(parts)
+            try:
+                handler = on_lost or on_revoke
+                if handler is not None:
+                    handler(c, full)
+            finally:
+                c.incremental_unassign(full)
+
+        consumer.subscribe(self.topics, on_assign=assigned, on_revoke=revoked, on_lost=lost)
