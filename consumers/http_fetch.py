@@ -37,8 +37,9 @@ from crawlfleet.urls import AddressPolicy, canonicalize
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 HTTP_LIB_VERSION = f"aiohttp/{aiohttp.__version__}"
 TLS_LIB_VERSION = ssl.OPENSSL_VERSION
-#: A body that inflates more than this many times its wire size, past the cap, is a bomb.
-BOMB_RATIO = 100
+#: A compressed body that inflates more than this many times its wire size (as read so far,
+#: read-ahead included) past the cap is a bomb; HTML compresses 5-10 times.
+BOMB_RATIO = 20
 #: Parser caps (aiohttp's defaults, named): a longer status/header line is
 #: ``headers_too_large``, more headers than this a ``protocol_error``.
 MAX_LINE_BYTES = 8190
