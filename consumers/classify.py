@@ -7,11 +7,27 @@ statuses are classified explicitly instead of trusting ranges (aiohttp accepts `
 from __future__ import annotations
 
 import email.utils
+import ssl
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import Enum
 
+import aiohttp
+from aiohttp import http_exceptions as hx
+
 from crawlfleet.config import MAX_RETRY_DELAY_S
+from crawlfleet.errors import (
+    ConnectError,
+    CrawlfleetError,
+    FetchTimeoutError,
+    HeadersTooLargeError,
+    InternalError,
+    InvalidURLError,
+    ProtocolError,
+    TLSError,
+    TruncatedBodyError,
+)
 
 #: Statuses worth another try later, with the back-off they imply.
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524})
@@ -60,7 +76,7 @@ def classify_status(status: int, retry_after: str | None, attempt: int,
     a whole is slowed by the signal, and rested only for a Retry-After or repeated errors.
     """
     if not 100 <= status <= 599:
-        return Outcome(Verdict.DEAD, "bad_status", signal=Signal.ERROR)
+        return Outcome(Verdict.DEAD, "protocol_error", signal=Signal.ERROR)  # "HTTP/1.1 042"
     if 200 <= status <= 299:
         return Outcome(Verdict.STORE, "ok")
     if status in block_statuses:
@@ -72,7 +88,8 @@ def classify_status(status: int, retry_after: str | None, attempt: int,
                        Signal.THROTTLED if status == 429 else Signal.ERROR, wait)
     if 400 <= status <= 499:
         return Outcome(Verdict.STORE, f"http_{status}")
-    # 1xx/3xx reaching here: redirects are followed by the fetcher; anything else is odd.
+    # 1xx/3xx reaching here: a redirect with a Location is a job of its own (see
+    # ``OutcomeRules.redirect``); a 3xx without one, or a final 1xx, is odd.
     return Outcome(Verdict.DEAD, f"unexpected_{status}", signal=Signal.ERROR)
 
 
@@ -96,3 +113,56 @@ def parse_retry_after(value: str, now: datetime | None = None) -> float | None:
         when = when.replace(tzinfo=UTC)
     delta = (when - (now or datetime.now(UTC))).total_seconds()
     return max(0.0, min(delta, MAX_RETRY_DELAY_S))
+
+
+def classify_exception(exc: BaseException, url: str = "") -> CrawlfleetError:
+    """The failure class of an exception raised while fetching ``url``: the one place that
+    maps the HTTP client's exceptions to reasons, by type (never by message text).
+
+    aiohttp re-wraps parser errors (``ClientResponseError`` ← ``HttpProcessingError`` ←
+    the parser's own ``LineTooLong``, ``BadStatusLine`` ...), so the cause chain is read
+    for the most specific type. Only ``truncated_body``, ``timeout`` and ``connect`` are
+    worth a retry; anything not foreseen is ``internal``, never a crash.
+    """
+    where = f" fetching {url}" if url else ""
+    chain = list(_chain(exc))
+    for e in chain:
+        if isinstance(e, CrawlfleetError):
+            return e
+    detail = f"{type(exc).__name__}{where}: {_detail(chain)}"[:2000]
+    if any(isinstance(e, aiohttp.ClientSSLError | ssl.SSLError
+                      | aiohttp.ServerFingerprintMismatch) for e in chain):
+        return TLSError(detail)
+    # Most specific first, over the whole chain (aiohttp's copy is a plain HttpProcessingError).
+    if any(isinstance(e, hx.LineTooLong) for e in chain):
+        return HeadersTooLargeError(detail)
+    if any(isinstance(e, hx.ContentLengthError | hx.TransferEncodingError) for e in chain):
+        return TruncatedBodyError(detail)  # the body stopped before its framing's end
+    if any(isinstance(e, hx.HttpProcessingError) for e in chain):
+        return ProtocolError(detail)  # bad status line, HTTP/0.9, chunk sizes, encoding
+    if isinstance(exc, TimeoutError):  # aiohttp's ServerTimeoutError is one too
+        return FetchTimeoutError(detail)
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return TruncatedBodyError(detail)  # payload not completed: connection lost mid-body
+    if isinstance(exc, aiohttp.InvalidURL | ValueError):
+        return InvalidURLError(detail)
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return ProtocolError(detail)
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return ConnectError(detail)  # refused, reset, unreachable, no answer at all
+    return InternalError(detail)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen and len(seen) < 16:
+        seen.add(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__
+
+
+def _detail(chain: list[BaseException]) -> str:
+    last = chain[-1]
+    msg = getattr(last, "message", None) or str(last)
+    return f"{type(last).__name__}: {msg}".replace("\n", " ")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass
 
 from selectolax.lexbor import LexborHTMLParser
+from w3lib.encoding import html_to_unicode, http_content_type_encoding
 
 from crawlfleet.urls import resolve_link
 
@@ -29,7 +31,7 @@ def extract(body: bytes, base_url: str, content_type: str = "text/html") -> Extr
     """Title, visible text and crawlable links of an HTML page (empty for non-HTML)."""
     if not is_html(content_type) or not body:
         return Extracted("", "", [])
-    tree = LexborHTMLParser(body.decode(_charset(content_type), "replace"))
+    tree = LexborHTMLParser(decode_html(body, content_type)[1])
     # Elements by tag name, not CSS selectors: a tree's first CSS query sets up lexbor's
     # selector engine, ~35 us per page, more than half of what parsing the page costs.
     titles = tree.tags("title")
@@ -56,14 +58,35 @@ def extract(body: bytes, base_url: str, content_type: str = "text/html") -> Extr
     return Extracted(title[:1000], text[:MAX_TEXT_CHARS], list(links))
 
 
-def _charset(content_type: str) -> str:
-    for part in content_type.split(";")[1:]:
-        k, _, v = part.partition("=")
-        if k.strip().lower() == "charset" and v.strip():
-            cs = v.strip().strip('"').lower()
-            try:
-                "".encode(cs)
-            except LookupError:
-                return "utf-8"
-            return cs
-    return "utf-8"
+#: Codecs Python has that no web page is written in: they raise even with "replace"
+#: (idna, punycode, undefined) or turn markup into something else (utf-7).
+_NOT_PAGE_ENCODINGS = frozenset({"idna", "punycode", "undefined", "utf-7", "raw-unicode-escape",
+                                 "unicode-escape", "palmos", "mbcs", "oem"})
+
+
+def usable_encoding(name: str) -> bool:
+    """True if ``name`` is a text encoding a page may be decoded with."""
+    try:
+        info = codecs.lookup(name)
+    except (LookupError, ValueError):
+        return False
+    return bool(info._is_text_encoding) and info.name not in _NOT_PAGE_ENCODINGS
+
+
+def decode_html(body: bytes, content_type: str = "text/html") -> tuple[str, str]:
+    """(encoding, text) of an HTML body: BOM, then the header's charset, then ``<meta>``,
+    then UTF-8 (w3lib's ``html_to_unicode``), with replacement characters for bad bytes.
+
+    Never raises: a declared charset that is not a usable text encoding (``idna``,
+    ``rot13``, ``base64``, unknown names) is ignored, and if decoding still fails the page
+    is read as UTF-8 with replacements.
+    """
+    declared = http_content_type_encoding(content_type)
+    header = content_type if declared is None or usable_encoding(declared) else "text/html"
+    try:
+        enc, text = html_to_unicode(header, body, default_encoding="utf-8")
+    except (UnicodeError, LookupError, ValueError):
+        return "utf-8", body.decode("utf-8", "replace")
+    if not usable_encoding(enc):  # a <meta> charset w3lib accepted but a page cannot have
+        return "utf-8", body.decode("utf-8", "replace")
+    return enc, text

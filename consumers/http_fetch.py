@@ -1,73 +1,107 @@
 """The HTTP client of the fetch stage: aiohttp with every cap a polite crawler needs.
 
-Redirects are followed by hand so each hop is re-checked (scheme, address, cap); bodies
-are streamed and capped after decompression; every request has a total timeout (aiohttp
-can otherwise wait forever on a malformed chunked body).
+A page fetch makes exactly one request: a redirect comes back as a 3xx :class:`Response`
+with its ``location``, and the fetch stage turns the target into a job of its own (scope,
+dedupe, robots.txt and rate cap of *its* target apply). Only robots.txt follows redirects
+here (RFC 9309 §2.3.1.2), each hop re-checked. Every resolved address passes the address
+policy where the connection is made (:class:`GuardedResolver`); bodies are streamed and
+capped after decompression; every request has a total timeout (aiohttp can otherwise wait
+forever on a malformed chunked body); every exception maps to a failure class in one place
+(:func:`consumers.classify.classify_exception`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
+import ipaddress
 import ssl
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
+from aiohttp.abc import AbstractResolver
 
+from consumers.classify import classify_exception
+from consumers.resolver import GuardedResolver
 from crawlfleet.config import Settings
 from crawlfleet.errors import (
-    ConnectError,
+    CrawlfleetError,
+    DecompressionBombError,
     FetchTimeoutError,
-    InvalidURLError,
     ResponseTooLargeError,
     TooManyRedirectsError,
 )
-from crawlfleet.urls import canonicalize, check_address
+from crawlfleet.urls import AddressPolicy, canonicalize
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 HTTP_LIB_VERSION = f"aiohttp/{aiohttp.__version__}"
 TLS_LIB_VERSION = ssl.OPENSSL_VERSION
+#: A compressed body that inflates more than this many times its wire size (as read so far,
+#: read-ahead included) past the cap is a bomb; HTML compresses 5-10 times.
+BOMB_RATIO = 20
+#: Parser caps (aiohttp's defaults, named): a longer status/header line is
+#: ``headers_too_large``, more headers than this a ``protocol_error``.
+MAX_LINE_BYTES = 8190
+MAX_HEADERS = 128
 
 
 @dataclass
 class Response:
-    url: str  # final URL after redirects
+    url: str  # final URL (after redirects, for robots.txt; the requested URL for pages)
     status: int
     content_type: str
     body: bytes
     retry_after: str | None
     elapsed_ms: int
     redirects: list[str] = field(default_factory=list)
+    location: str | None = None  # a redirect's Location header, as sent
+
+
+def address_policy(settings: Settings) -> AddressPolicy:
+    return AddressPolicy.of(settings.allow_private, settings.allow_hosts)
 
 
 class Fetcher:
-    """One aiohttp session per worker; safe for hundreds of concurrent requests."""
+    """One aiohttp session per worker; safe for hundreds of concurrent requests.
 
-    def __init__(self, settings: Settings) -> None:
+    ``resolver`` replaces the system resolver under the address guard (tests use a
+    :class:`consumers.resolver.StaticResolver` to play a rebinding DNS server).
+    """
+
+    def __init__(self, settings: Settings, resolver: AbstractResolver | None = None) -> None:
         self._s = settings
         self._session: aiohttp.ClientSession | None = None
-        self._checked_hosts: dict[str, None] = {}
+        self.policy = address_policy(settings)
+        self.resolver = GuardedResolver(self.policy, resolver)
 
     async def __aenter__(self) -> Fetcher:
         connector = aiohttp.TCPConnector(limit=self._s.max_inflight, ttl_dns_cache=300,
-                                         enable_cleanup_closed=True)
+                                         resolver=self.resolver, enable_cleanup_closed=True)
         self._session = aiohttp.ClientSession(
             connector=connector,
             headers={"User-Agent": self._s.user_agent, "Accept-Encoding": "gzip, deflate"},
             timeout=aiohttp.ClientTimeout(total=self._s.request_timeout_s,
                                           connect=self._s.connect_timeout_s),
             cookie_jar=aiohttp.DummyCookieJar(),
+            max_line_size=MAX_LINE_BYTES, max_field_size=MAX_LINE_BYTES,
+            max_headers=MAX_HEADERS,
         )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         if self._session is not None:
             await self._session.close()
+        await self.resolver.close()
 
-    async def get(self, url: str, max_bytes: int | None = None) -> Response:
-        """GET ``url`` following redirects within limits; raise a classified error."""
+    async def get(self, url: str, max_bytes: int | None = None, *,
+                  follow_redirects: bool = False, truncate: bool = False) -> Response:
+        """GET ``url``; raise a classified :class:`CrawlfleetError` on any failure.
+
+        A redirect is returned as it is unless ``follow_redirects`` (robots.txt), which
+        follows up to ``max_redirects`` hops, never the same URL twice. ``truncate`` keeps
+        the first ``max_bytes`` of a longer body instead of refusing it (robots.txt).
+        """
         assert self._session is not None, "use Fetcher as an async context manager"
         started = time.monotonic()
         redirects: list[str] = []
@@ -76,57 +110,65 @@ class Fetcher:
         try:
             async with asyncio.timeout(self._s.request_timeout_s):
                 while True:
-                    await self._check_host(current)
+                    self._check_literal(current)
                     async with self._session.get(current, allow_redirects=False) as resp:
                         location = resp.headers.get("Location")
                         if resp.status in REDIRECT_STATUSES and location:
-                            if len(redirects) >= self._s.max_redirects:
-                                raise TooManyRedirectsError(
-                                    f"more than {self._s.max_redirects} redirects from {url}")
+                            if not follow_redirects:
+                                return Response(current, resp.status,
+                                                resp.headers.get("Content-Type", ""), b"",
+                                                resp.headers.get("Retry-After"),
+                                                _ms(started), redirects, location)
                             redirects.append(current)
                             current = canonicalize(urljoin(current, location))
+                            if len(redirects) > self._s.max_redirects or current in redirects:
+                                raise TooManyRedirectsError(
+                                    f"redirect loop or more than {self._s.max_redirects} "
+                                    f"redirects from {url}")
                             continue
-                        body = await _read_capped(resp, cap)
+                        body = await _read_capped(resp, cap, truncate)
                         return Response(current, resp.status,
                                         resp.headers.get("Content-Type", ""), body,
-                                        resp.headers.get("Retry-After"),
-                                        int((time.monotonic() - started) * 1000), redirects)
+                                        resp.headers.get("Retry-After"), _ms(started),
+                                        redirects)
+        except CrawlfleetError:
+            raise
         except TimeoutError as exc:
             raise FetchTimeoutError(f"no complete answer from {current} within "
                                     f"{self._s.request_timeout_s}s") from exc
-        except aiohttp.ClientResponseError as exc:
-            raise ConnectError(f"bad response from {current}: {exc.message}") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            raise ConnectError(f"{type(exc).__name__} fetching {current}: {exc}") from exc
+        except Exception as exc:  # every other failure gets its class, never escapes raw
+            raise classify_exception(exc, current) from exc
 
-    async def _check_host(self, url: str) -> None:
-        """Refuse private/loopback/link-local destinations unless allowed (SSRF guard)."""
-        if self._s.allow_private:
-            return
+    def _check_literal(self, url: str) -> None:
+        """IP-literal hosts never reach a resolver: check them against the policy here."""
         host = urlsplit(url).hostname or ""
-        if host in self._checked_hosts:
-            return
-        loop = asyncio.get_running_loop()
         try:
-            infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-        except socket.gaierror as exc:
-            raise ConnectError(f"cannot resolve {host}: {exc}") from exc
-        if not infos:
-            raise InvalidURLError(f"{host} resolves to no address")
-        for info in infos:
-            check_address(str(info[4][0]), allow_private=False)
-        self._checked_hosts[host] = None
+            ipaddress.ip_address(host)
+        except ValueError:
+            return  # a name: the guarded resolver checks each address it resolves to
+        self.policy.check(host, host)
 
 
-async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes:
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, cap: int, truncate: bool = False) -> bytes:
     declared = resp.content_length
-    if declared is not None and declared > cap:
+    if declared is not None and declared > cap and not truncate:
         raise ResponseTooLargeError(f"Content-Length {declared} exceeds cap {cap}")
     chunks: list[bytes] = []
     size = 0
     async for chunk in resp.content.iter_chunked(65536):  # decompressed bytes
         size += len(chunk)
         if size > cap:
+            if truncate:
+                chunks.append(chunk[:len(chunk) - (size - cap)])
+                break
+            wire = resp.content.total_raw_bytes
+            if resp.headers.get("Content-Encoding") and size > BOMB_RATIO * max(wire, 1):
+                raise DecompressionBombError(
+                    f"body inflates past cap {cap} bytes from {wire} bytes on the wire")
             raise ResponseTooLargeError(f"body exceeds cap {cap} bytes")
         chunks.append(chunk)
     return b"".join(chunks)

@@ -10,18 +10,33 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from consumers.classify import Signal, Verdict, classify_status
-from consumers.http_fetch import HTTP_LIB_VERSION, TLS_LIB_VERSION, Response
+from consumers.http_fetch import HTTP_LIB_VERSION, REDIRECT_STATUSES, TLS_LIB_VERSION, Response
 from consumers.ledger import Pending
+from consumers.scope import follow
 from consumers.seen import DEAD, DONE, RETRYING
 from crawlfleet import __version__
 from crawlfleet.config import Settings
-from crawlfleet.errors import ConnectError, CrawlfleetError, FetchTimeoutError
+from crawlfleet.errors import (
+    ConnectError,
+    CrawlfleetError,
+    FetchTimeoutError,
+    TruncatedBodyError,
+)
+from crawlfleet.urls import resolve_link, target_of
 from infra.kafka_io import Encoder, Output
 from schemas.topics import RETRY_DELAYS_S, Topology
 
 FETCHER_VERSION = f"crawlfleet-fetch/{__version__}"
+#: Job meta key: redirect hops that led to this job (the max-redirects cap spans jobs).
+REDIRECT_HOPS = "redirect_hops"
+
+
+def redirect_hops(job: dict[str, Any]) -> int:
+    value = (job.get("meta") or {}).get(REDIRECT_HOPS, "0")
+    return int(value) if value.isascii() and value.isdigit() and len(value) < 6 else 0
 
 
 @dataclass
@@ -43,6 +58,8 @@ class OutcomeRules:
 
     def response(self, pj: Pending, resp: Response, started: float) -> Result:
         job = pj.job
+        if resp.status in REDIRECT_STATUSES and resp.location is not None:
+            return self.redirect(pj, resp, started)
         outcome = classify_status(resp.status, resp.retry_after, job["attempt"],
                                   block_statuses=self.block_statuses)
         if outcome.verdict is Verdict.STORE:
@@ -64,11 +81,44 @@ class OutcomeRules:
         res.signal, res.retry_after_s = outcome.signal, outcome.retry_after_s
         return res
 
+    def redirect(self, pj: Pending, resp: Response, started: float) -> Result:
+        """A redirect is an answer of its own: the page is recorded with its 3xx status and
+        the Location, and an in-scope target becomes a new frontier job (dedupe, robots.txt
+        and the rate cap of its own target apply, as for a link). Out of scope, not
+        crawlable or past ``max_redirects`` hops, it is recorded with that reason only."""
+        job = pj.job
+        assert resp.location is not None
+        to = resolve_link(resp.url, resp.location)
+        hops = redirect_hops(job)
+        s = self.s
+        if to is None or not follow(to, job["target"], 0, scope=s.scope, max_depth=-1,
+                                    target_mode=s.target_mode, allowed=s.allowed_targets):
+            reason = "redirect_out_of_scope"
+        elif to == job["url"] or hops >= s.max_redirects:
+            reason = "redirect_loop"
+        else:
+            reason = "redirect"
+        outputs = [self.enc.record(self.topology.fetched, pj.target, pj.key.encode(), {
+                       "job": job, "final_url": resp.url, "status": resp.status,
+                       "content_type": resp.content_type, "body": b"",
+                       "fetched_at_ms": int(time.time() * 1000),
+                       "elapsed_ms": resp.elapsed_ms,
+                       "redirects": [to or resp.location[:2048]], "worker": self.worker}),
+                   self.event(pj, resp.status, "ok", reason, started, 0)]
+        if reason == "redirect" and to is not None:
+            child = {**job, "url": to, "target": target_of(to, s.target_mode), "attempt": 0,
+                     "parent_url": job["url"], "last_error": None, "delay_ms": 0,
+                     "meta": {**(job.get("meta") or {}), REDIRECT_HOPS: str(hops + 1)}}
+            topic = self.topology.frontier_high if child.get("priority", 0) > 0 \
+                else self.topology.frontier
+            outputs.append(self.enc.job(topic, child))
+        return Result(outputs, (DONE, job["attempt"]), Signal.OK)
+
     def error(self, pj: Pending, exc: CrawlfleetError, started: float) -> Result:
         """A request that got no usable answer: timeouts and refused connections slow the
         target like a 5xx; other errors (our own caps, bad URLs) say nothing about it."""
-        signal = Signal.ERROR if isinstance(exc, FetchTimeoutError | ConnectError) \
-            else Signal.NEUTRAL
+        signal = Signal.ERROR if isinstance(
+            exc, FetchTimeoutError | ConnectError | TruncatedBodyError) else Signal.NEUTRAL
         if exc.retryable:
             res = self.retry_or_dead(pj, exc.reason, 0.0, 0, started, str(exc))
         else:

@@ -7,6 +7,7 @@ target's partition.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from typing import Any
 
@@ -15,9 +16,17 @@ from confluent_kafka import Message
 from consumers.batch_stage import BatchStage, NotDueError
 from consumers.html import extract
 from consumers.scope import follow
+from crawlfleet.errors import CrawlfleetError, InternalError
 from crawlfleet.urls import dedupe_key, target_of
 from infra.kafka_io import Output, job_key
 from producers.backpressure import FrontierGate
+
+log = logging.getLogger("crawlfleet.parse")
+
+
+def _url_of(result: Any) -> str:
+    job = result.get("job") if isinstance(result, dict) else None
+    return str(job.get("url", "")) if isinstance(job, dict) else ""
 
 
 class RecentSet:
@@ -75,6 +84,19 @@ class ParseStage(BatchStage):
             self.status.add("backpressure_holds")
             raise NotDueError(0.5)
         result = self.encoder.decode(msg)
+        try:
+            outputs = self._outputs(result)
+        except (CrawlfleetError, NotDueError):
+            raise
+        except Exception as exc:  # one odd page must not crash the stage (and replay it)
+            self.status.add("internal")
+            log.exception("parse of %r failed unexpectedly; dead-lettered",
+                          _url_of(result))
+            raise InternalError.wrap(exc, f"parsing {_url_of(result)!r}") from exc
+        self.status.add("pages")
+        return outputs
+
+    def _outputs(self, result: dict[str, Any]) -> list[Output]:
         job = result["job"]
         ok = 200 <= result["status"] <= 299
         page = extract(result["body"], result["final_url"], result["content_type"]) if ok \
@@ -83,7 +105,6 @@ class ParseStage(BatchStage):
         outputs = [self._page_output(result, page.title if page else "",
                                      page.text if page else "", links)]
         outputs.extend(self._link_jobs(job, links))
-        self.status.add("pages")
         return outputs
 
     def _page_output(self, result: dict[str, Any], title: str, text: str,

@@ -1,8 +1,10 @@
 """robots.txt decisions (RFC 9309), cached per target with a TTL.
 
-2xx: parse the rules; 4xx: no rules, allow all; 5xx, timeout or connection failure: the
-site is unreachable, so disallow for now and try again later. Crawl-delay and Request-rate
-are honoured by turning them into a minimum interval between requests.
+2xx: parse the rules (the first 500 KiB of a larger file, RFC 9309 §2.5); 4xx: no rules,
+allow all; 5xx, timeout or connection failure: the site is unreachable, so disallow for
+now and try again later. An origin whose address the policy refuses is ``refused``: its
+jobs are dead-lettered at once (``address_not_allowed``), never retried. Crawl-delay and
+Request-rate are honoured by turning them into a minimum interval between requests.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from dataclasses import dataclass
 from protego import Protego
 
 UNREACHABLE_RETRY_S = 60.0
-MAX_ROBOTS_BYTES = 512 * 1024  # RFC 9309 asks crawlers to parse at least 500 KiB
+#: RFC 9309 §2.5: parse at least the first 500 KiB; the rest of a larger file is ignored.
+MAX_ROBOTS_BYTES = 500 * 1024
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,7 @@ class RobotsRules:
     parser: Protego | None  # None: no rules (allow all) or unreachable (see ``unreachable``)
     unreachable: bool = False
     min_interval_s: float = 0.0
+    refused: str | None = None  # the address policy refused the origin: why, and the fix
 
     def allows(self, url: str, agent: str) -> bool:
         if self.unreachable:
@@ -37,9 +41,16 @@ def rules_from_response(status: int | None, body: bytes, agent: str) -> RobotsRu
         return RobotsRules(None)
     if 200 <= status <= 299:
         text = body[:MAX_ROBOTS_BYTES].decode("utf-8", "replace")
+        if len(body) >= MAX_ROBOTS_BYTES and "\n" in text:
+            text = text[:text.rindex("\n")]  # a rule cut in half is no rule
         parser = Protego.parse(text)
         return RobotsRules(parser, min_interval_s=_min_interval(parser, agent))
     return RobotsRules(None)  # 1xx/3xx after redirects exhausted: treat as no rules
+
+
+def refused_rules(why: str) -> RobotsRules:
+    """Rules of an origin the address policy refuses: nothing there may be fetched."""
+    return RobotsRules(None, unreachable=True, refused=why)
 
 
 def _min_interval(parser: Protego, agent: str) -> float:

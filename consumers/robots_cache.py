@@ -13,9 +13,10 @@ from consumers.robots import (
     MAX_ROBOTS_BYTES,
     UNREACHABLE_RETRY_S,
     RobotsRules,
+    refused_rules,
     rules_from_response,
 )
-from crawlfleet.errors import CrawlfleetError
+from crawlfleet.errors import CrawlfleetError, ForbiddenAddressError
 from crawlfleet.urls import origin_of
 
 
@@ -40,10 +41,13 @@ class RobotsCache:
 
     async def rules_for(self, url: str, target: str) -> RobotsRules | None:
         """Cached rules for the URL's origin; None means "fetched them just now, requeue"
-        (that request was the target's slot)."""
+        (that request was the target's slot). Raises :class:`ForbiddenAddressError` for an
+        origin the address policy refuses: no retry can help that job."""
         origin = origin_of(url)
         rules = self._rules.get(origin)
         if rules is not None and self._expiry.get(origin, 0) > time.monotonic():
+            if rules.refused is not None:
+                raise ForbiddenAddressError(rules.refused)
             return rules
         pending = self._pending.get(origin)
         if pending is not None:
@@ -63,12 +67,17 @@ class RobotsCache:
             if not fut.done():
                 fut.cancel()
         self.fetched += 1
+        if rules.refused is not None:
+            raise ForbiddenAddressError(rules.refused)
         return None
 
     async def _fetch(self, origin: str) -> RobotsRules:
         assert self.fetcher is not None
         try:
-            resp = await self.fetcher.get(origin + "/robots.txt", max_bytes=MAX_ROBOTS_BYTES)
+            resp = await self.fetcher.get(origin + "/robots.txt", max_bytes=MAX_ROBOTS_BYTES,
+                                          follow_redirects=True, truncate=True)
+        except ForbiddenAddressError as exc:
+            return refused_rules(str(exc))
         except (CrawlfleetError, aiohttp.ClientError):
             return rules_from_response(None, b"", self.agent)
         return rules_from_response(resp.status, resp.body, self.agent)

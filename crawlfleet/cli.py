@@ -149,6 +149,11 @@ def publish_cmd(source: Annotated[str, typer.Argument(help="File of URLs / JSON 
         raise typer.Exit(1)
 
 
+AllowHostsOpt = Annotated[str | None, typer.Option(
+    "--allow-hosts", help="Comma-separated hosts, IPs or CIDR networks that may be private "
+    "(e.g. 127.0.0.1/32,intranet.local); everything else must be public.")]
+
+
 # --- workers -------------------------------------------------------------------------------
 
 
@@ -163,6 +168,7 @@ def worker_cmd(stage: Annotated[str, typer.Argument(help="fetch | parse | store 
                allow_private: Annotated[bool | None, typer.Option(
                    "--allow-private/--no-allow-private",
                    help="Allow private/loopback/link-local targets.")] = None,
+               allow_hosts: AllowHostsOpt = None,
                rate_cap: Annotated[float | None, typer.Option(
                    help="Requests per second per target.")] = None) -> None:
     """Run one stage worker until SIGTERM (then leave the group cleanly)."""
@@ -171,7 +177,8 @@ def worker_cmd(stage: Annotated[str, typer.Argument(help="fetch | parse | store 
     try:
         s = _on_cluster(_settings(config, bootstrap=bootstrap, clickhouse=clickhouse,
                                   data_dir=data_dir, topic_prefix=topic_prefix,
-                                  allow_private=allow_private, rate_cap=rate_cap))
+                                  allow_private=allow_private, allow_hosts=allow_hosts,
+                                  rate_cap=rate_cap))
         stop = StopFlag().install()
         runner = _stage(stage, s, worker_id, stop)
         _tune_gc()
@@ -215,6 +222,7 @@ def crawl_cmd(seeds: Annotated[str, typer.Argument(help="File of seed URLs / JSO
               topic_prefix: PrefixOpt = None,
               allow_private: Annotated[bool, typer.Option(
                   "--allow-private", help="Allow private/loopback targets (demo, tests).")] = False,
+              allow_hosts: AllowHostsOpt = None,
               rate_cap: Annotated[float | None, typer.Option(
                   help="Requests per second per target.")] = None,
               max_depth: Annotated[int | None, typer.Option(help="Link depth limit.")] = None,
@@ -233,7 +241,8 @@ def crawl_cmd(seeds: Annotated[str, typer.Argument(help="File of seed URLs / JSO
     try:
         s = _settings(config, bootstrap=bootstrap, clickhouse=clickhouse, data_dir=data_dir,
                       topic_prefix=topic_prefix, allow_private=allow_private or None,
-                      rate_cap=rate_cap, max_depth=max_depth, scope=scope)
+                      allow_hosts=allow_hosts, rate_cap=rate_cap, max_depth=max_depth,
+                      scope=scope)
         plan = crawl.Plan(fetch_workers=fetch_workers, parse_workers=parse_workers)
         lines = sys.stdin.readlines() if seeds == "-" else \
             Path(seeds).read_text(encoding="utf-8", errors="replace").splitlines()

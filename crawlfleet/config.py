@@ -9,6 +9,7 @@ Secrets are kept in :class:`Secret`, whose repr never shows the value.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 import tomllib
@@ -114,6 +115,9 @@ class Settings:
     max_redirects: int = 5
     #: Allow private, loopback and link-local addresses (tests and the demo only).
     allow_private: bool = False
+    #: Non-public destinations allowed one by one (tests, private deployments): host
+    #: names (any address they resolve to), IP addresses or CIDR networks.
+    allow_hosts: tuple[str, ...] = ()
     #: Link scope: ``same-target`` (the page's own target), ``seeds`` (any of
     #: ``allowed_targets``, which ``crawl`` fills with the seeds' targets) or ``any``.
     scope: str = "same-target"
@@ -232,9 +236,23 @@ def _problems(s: Settings) -> list[str]:
         out.append(f"block_statuses must be 4xx/5xx statuses, not {bad}")
     if s.max_redirects < 0:
         out.append("max_redirects must be >= 0")
+    for entry in s.allow_hosts:
+        if not _host_or_network(entry):
+            out.append(f"allow_hosts entry {entry!r} is not a host name, IP address or "
+                       "CIDR network")
     if not s.user_agent.strip():
         out.append("user_agent must not be empty")
     return out
+
+
+def _host_or_network(entry: str) -> bool:
+    """An IP address, a CIDR network or a host name (LDH labels)."""
+    try:
+        ipaddress.ip_network(entry, strict=False)
+    except ValueError:
+        return re.fullmatch(r"(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?\.?",
+                            entry) is not None and ":" not in entry and "/" not in entry
+    return True
 
 
 def _coerce_field(name: str, value: Any) -> Any:

@@ -78,6 +78,8 @@ class Summary:
     drained: bool
     restarts: int = 0
     topics_deleted: int = 0  # this run's own topics, deleted once it drained
+    #: target → why its URLs were refused and which setting allows them (once per target)
+    address_hints: dict[str, str] = field(default_factory=dict)
     statuses: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -299,11 +301,13 @@ def _summarise(settings: Settings, report: PublishReport, start_wall: float, ela
     pages_sql = f"SELECT count(), countIf(status BETWEEN 200 AND 299), dateDiff('millisecond', min(fetched_at), max(stored_at)) FROM pages FINAL WHERE stored_at >= {since}"  # noqa: E501, S608
     dead_sql = f"SELECT reason, count() FROM dead_letters FINAL WHERE startsWith(source_topic, '{prefix}') GROUP BY reason ORDER BY reason"  # noqa: E501, S608
     err_sql = f"SELECT reason, count() FROM fetch_events FINAL WHERE ts >= {since} AND outcome != 'ok' GROUP BY reason ORDER BY reason"  # noqa: E501, S608
+    hint_sql = f"SELECT target, any(error) FROM dead_letters FINAL WHERE startsWith(source_topic, '{prefix}') AND reason = 'address_not_allowed' GROUP BY target ORDER BY target"  # noqa: E501, S608
     _, rows = run_query(settings, pages_sql)
     pages, ok, window_ms = int(rows[0][0]), int(rows[0][1]), int(rows[0][2] or 0)
     _, dead_rows = run_query(settings, dead_sql)
     _, err_rows = run_query(settings, err_sql)
     dead = {str(r): int(n) for r, n in dead_rows}
+    _, hint_rows = run_query(settings, hint_sql) if "address_not_allowed" in dead else ([], [])
     return Summary(
         topic_prefix=settings.topic_prefix, partitions=settings.topic_partitions,
         seeds_published=report.published,
@@ -314,7 +318,8 @@ def _summarise(settings: Settings, report: PublishReport, start_wall: float, ela
         crawl_seconds=window_ms / 1000.0,
         crawl_pages_per_s=round(pages * 1000.0 / window_ms, 1) if window_ms > 0 else 0.0,
         drained=drained,
-        restarts=fleet.restarts, statuses=read_statuses(settings.status_dir))
+        restarts=fleet.restarts, statuses=read_statuses(settings.status_dir),
+        address_hints={str(t): str(e) for t, e in hint_rows})
 
 
 def print_summary(summary: Summary, console: Console) -> None:
@@ -341,6 +346,8 @@ def print_summary(summary: Summary, console: Console) -> None:
     if summary.restarts:
         t.add_row("worker restarts", str(summary.restarts))
     console.print(t)
+    for target, why in summary.address_hints.items():
+        console.print(f"[yellow]refused {target}:[/yellow] {why}")
 
 
 def summary_json(summary: Summary, path: Path) -> None:

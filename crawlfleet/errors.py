@@ -49,9 +49,13 @@ class InvalidURLError(FatalError):
 
 
 class ForbiddenAddressError(InvalidURLError):
-    """A URL resolves to a private, loopback or link-local address that is not allowed."""
+    """A URL resolves to a private, loopback or link-local address that is not allowed.
 
-    reason = "forbidden_address"
+    Refused where the connection is made (every hop, every resolution); never retried:
+    only a setting (``allow_hosts``, ``allow_private``) can change the answer.
+    """
+
+    reason = "address_not_allowed"
 
 
 class DecodeError(FatalError):
@@ -72,10 +76,53 @@ class ResponseTooLargeError(FatalError):
     reason = "too_large"
 
 
-class TooManyRedirectsError(FatalError):
-    """The redirect chain exceeded the configured cap."""
+class DecompressionBombError(ResponseTooLargeError):
+    """A compressed body that inflates far beyond its size on the wire, past the cap."""
 
-    reason = "too_many_redirects"
+    reason = "decompression_bomb"
+
+
+class TooManyRedirectsError(FatalError):
+    """The redirect chain exceeded the configured cap (or came back to where it started)."""
+
+    reason = "redirect_loop"
+
+
+class TruncatedBodyError(RetryableError):
+    """The connection closed before the body its framing announced (Content-Length or an
+    unfinished chunk) was complete: another try may get all of it."""
+
+    reason = "truncated_body"
+
+
+class ProtocolError(FatalError):
+    """The answer is not valid HTTP/1.1: a garbage status line, an HTTP/0.9 reply, broken
+    chunk framing, conflicting lengths or undecodable content-encoding."""
+
+    reason = "protocol_error"
+
+
+class HeadersTooLargeError(ProtocolError):
+    """A status or header line longer than the parser's cap."""
+
+    reason = "headers_too_large"
+
+
+class TLSError(FatalError):
+    """The TLS handshake failed or the certificate was not valid for the host."""
+
+    reason = "tls"
+
+
+class InternalError(FatalError):
+    """An unexpected exception while handling one record (a bug or an input nobody
+    foresaw): that record is dead-lettered with the exception type, the stage goes on."""
+
+    reason = "internal"
+
+    @classmethod
+    def wrap(cls, exc: BaseException, what: str) -> InternalError:
+        return cls(f"{type(exc).__name__} while {what}: {exc}"[:2000])
 
 
 class FetchTimeoutError(RetryableError):

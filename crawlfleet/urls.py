@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
@@ -166,15 +167,102 @@ def _resolve_on_origin(origin: str, href: str) -> str | None:
     return joined if _already_canonical(joined) else _resolve(origin, href)
 
 
+#: NAT64 (RFC 6052): the last 32 bits are the IPv4 address the gateway connects to.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_IPNet = ipaddress.IPv4Network | ipaddress.IPv6Network
+_IPAddr = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _embedded_ipv4(addr: _IPAddr) -> list[ipaddress.IPv4Address]:
+    """IPv4 addresses an IPv6 address also reaches: IPv4-mapped, NAT64, 6to4, Teredo."""
+    if not isinstance(addr, ipaddress.IPv6Address):
+        return []
+    out = [a for a in (addr.ipv4_mapped, addr.sixtofour) if a is not None]
+    if addr in _NAT64:
+        out.append(ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF))
+    if addr.teredo is not None:
+        out.append(addr.teredo[1])
+    return out
+
+
+def _public(addr: _IPAddr) -> bool:
+    return addr.is_global and not (addr.is_private or addr.is_loopback or addr.is_link_local
+                                   or addr.is_multicast or addr.is_reserved
+                                   or addr.is_unspecified)
+
+
+def address_is_public(ip: str) -> bool:
+    """True if ``ip`` and every IPv4 address embedded in it are public unicast addresses.
+
+    IPv4-mapped and NAT64 addresses are judged by their IPv4 address alone; 6to4 forms of
+    loopback or private addresses (``64:ff9b::7f00:1``, ``2002:7f00:1::``) are not public.
+    """
+    addr = ipaddress.ip_address(ip.split("%", 1)[0])
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            return _public(addr.ipv4_mapped)
+        if addr in _NAT64:  # Python's is_global varies by version for this prefix
+            return _public(ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF))
+    return _public(addr) and all(_public(a) for a in _embedded_ipv4(addr))
+
+
+@dataclass(frozen=True)
+class AddressPolicy:
+    """Which resolved addresses a crawler may connect to (SSRF guard), applied where the
+    connection is made. Public addresses always; others only if allowed by ``allow_hosts``
+    (host names, IP addresses or CIDR networks) or, all at once, by ``allow_private``."""
+
+    allow_private: bool = False
+    hosts: frozenset[str] = frozenset()
+    networks: tuple[_IPNet, ...] = ()
+
+    @classmethod
+    def of(cls, allow_private: bool, allow_hosts: tuple[str, ...] = ()) -> AddressPolicy:
+        hosts: set[str] = set()
+        networks: list[_IPNet] = []
+        for entry in allow_hosts:
+            net = parse_network(entry)
+            if net is not None:
+                networks.append(net)
+            else:
+                hosts.add(entry.strip().rstrip(".").lower())
+        return cls(allow_private, frozenset(hosts), tuple(networks))
+
+    def allows(self, host: str, ip: str) -> bool:
+        if self.allow_private or host.rstrip(".").lower() in self.hosts:
+            return True
+        try:
+            if address_is_public(ip):
+                return True
+            addr = ipaddress.ip_address(ip.split("%", 1)[0])
+        except ValueError:
+            return False
+        reached = [addr, *_embedded_ipv4(addr)]
+        return any(a.version == n.version and a in n for a in reached for n in self.networks)
+
+    def check(self, host: str, ip: str) -> None:
+        """Raise :class:`ForbiddenAddressError` (with the setting that would allow it)."""
+        if not self.allows(host, ip):
+            raise ForbiddenAddressError(refusal_message(host, ip))
+
+
+def refusal_message(host: str, ip: str) -> str:
+    shown = f"{host} ({ip})" if host != ip else ip
+    return (f"address of {shown} is not public (private, loopback, link-local or reserved); "
+            f"allow it with --allow-hosts {host} (setting allow_hosts) or --allow-private")
+
+
+def parse_network(entry: str) -> _IPNet | None:
+    """An IP address or CIDR network from an ``allow_hosts`` entry, None for a host name."""
+    try:
+        return ipaddress.ip_network(entry.strip(), strict=False)
+    except ValueError:
+        return None
+
+
 def check_address(ip: str, allow_private: bool) -> None:
     """Refuse addresses a public crawler must never reach (SSRF guard)."""
-    addr = ipaddress.ip_address(ip)
-    if allow_private:
-        return
-    if (addr.is_private or addr.is_loopback or addr.is_link_local or addr.is_multicast
-            or addr.is_reserved or addr.is_unspecified or not addr.is_global):
-        raise ForbiddenAddressError(f"address {ip} is private/loopback/link-local; "
-                                    "pass --allow-private to crawl it")
+    AddressPolicy(allow_private).check(ip, ip)
 
 
 def dedupe_key(profile: str, canonical_url: str) -> str:

@@ -109,11 +109,20 @@ def test_body_over_the_cap_is_refused_declared_or_streamed() -> None:
     _serve(_settings(), body)
 
 
-def test_redirects_are_followed_up_to_the_cap() -> None:
+def test_a_page_redirect_is_returned_not_followed() -> None:
     async def body(f: Fetcher, base: str, hits: dict[str, int]) -> Response:
-        ok = await f.get(base + "/hop/3")
+        resp = await f.get(base + "/hop/3")
+        assert hits == {"/hop/3": 1}  # one request: the target is a job of its own
+        return resp
+    resp = _serve(_settings(), body)
+    assert resp.status == 302 and resp.location == "/hop/2" and resp.body == b""
+
+
+def test_robots_redirects_are_followed_up_to_the_cap() -> None:
+    async def body(f: Fetcher, base: str, hits: dict[str, int]) -> Response:
+        ok = await f.get(base + "/hop/3", follow_redirects=True)
         with pytest.raises(TooManyRedirectsError):
-            await f.get(base + "/hop/4")
+            await f.get(base + "/hop/4", follow_redirects=True)
         assert hits["/hop/0"] == 1  # the over-long chain never reached its end
         return ok
     ok = _serve(_settings(), body)
@@ -124,7 +133,7 @@ def test_redirects_are_followed_up_to_the_cap() -> None:
 def test_redirect_to_another_scheme_is_refused() -> None:
     async def body(f: Fetcher, base: str, hits: dict[str, int]) -> None:
         with pytest.raises(InvalidURLError, match="scheme"):
-            await f.get(base + "/to-ftp")
+            await f.get(base + "/to-ftp", follow_redirects=True)
     _serve(_settings(), body)
 
 

@@ -123,7 +123,7 @@ def test_unparseable_retry_after_falls_back_to_backoff() -> None:
 def test_impossible_status_is_dead(status: int) -> None:
     out = classify_status(status, None, 0)
     assert out.verdict is Verdict.DEAD
-    assert out.reason == "bad_status"
+    assert out.reason == "protocol_error"
 
 
 @pytest.mark.parametrize("status", [100, 301, 304])

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.html import MAX_LINKS, MAX_TEXT_CHARS, extract, is_html
+from consumers.html import (
+    MAX_LINKS,
+    MAX_TEXT_CHARS,
+    decode_html,
+    extract,
+    is_html,
+    usable_encoding,
+)
 
 BASE = "https://example.com/dir/page.html"
 
@@ -161,3 +168,37 @@ def test_malformed_link_does_not_hide_good_ones() -> None:
 
 def test_no_title() -> None:
     assert extract(b"<body><p>hi</p></body>", BASE).title == ""
+
+
+# --- hostile charsets: decoded with replacement, never raised ------------------------------
+
+HOSTILE_CHARSETS = ["idna", "punycode", "undefined", "utf-7", "rot13", "base64", "hex", "zlib",
+                    "uu", "bogus-charset", "", "\"utf-8", "utf-16", "utf-32", "x" * 300]
+
+
+@pytest.mark.parametrize("charset", HOSTILE_CHARSETS)
+@pytest.mark.parametrize("body", [
+    b"<html><title>caf\xe9</title><a href='/x'>x</a>\xff\xfe\x00</html>",
+    b"\xff\xfe<\x00t\x00",  # a UTF-16 BOM, odd length
+    b"<meta charset=idna><title>t</title><p>x\xe9",
+    b"<meta http-equiv='Content-Type' content='text/html; charset=rot13'><p>\x80\x81",
+    b"\xef\xbb\xbf<title>bom</title>",
+])
+def test_hostile_charset_never_raises(charset: str, body: bytes) -> None:
+    ct = f"text/html; charset={charset}"
+    enc, text = decode_html(body, ct)
+    assert usable_encoding(enc) and isinstance(text, str)
+    extract(body, "http://a.test/", ct)  # and the whole extraction survives it
+
+
+def test_charset_from_meta_and_bom() -> None:
+    assert decode_html("<meta charset='iso-8859-1'><title>caf\xe9</title>".encode("latin-1"),
+                       "text/html")[1].endswith("café</title>")
+    assert decode_html(b"\xef\xbb\xbfcaf\xc3\xa9", "text/html; charset=latin-1") \
+        == ("utf-8", "café")  # the BOM wins over the header
+
+
+def test_not_a_text_encoding_is_unusable() -> None:
+    assert usable_encoding("utf-8") and usable_encoding("cp1252") and usable_encoding("gbk")
+    for name in ("idna", "punycode", "rot13", "base64", "utf-7", "nonsense", ""):
+        assert not usable_encoding(name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.robots import MAX_ROBOTS_BYTES, rules_from_response
+from consumers.robots import MAX_ROBOTS_BYTES, refused_rules, rules_from_response
 
 AGENT = "crawlfleet"
 SITE = "https://example.com"
@@ -122,3 +122,21 @@ def test_min_interval(body: bytes, interval: float) -> None:
 def test_no_interval_when_unreachable_or_4xx() -> None:
     assert rules_from_response(None, b"", AGENT).min_interval_s == 0.0
     assert rules_from_response(404, b"Crawl-delay: 9", AGENT).min_interval_s == 0.0
+
+
+def test_a_file_over_500_kib_is_parsed_up_to_the_cap_not_refused() -> None:
+    """RFC 9309 §2.5: a larger file is parsed up to the cap; a rule cut at the cap is dropped."""
+    rules_part = b"User-agent: *\nDisallow: /private\n"
+    body = rules_part + b"#" * (MAX_ROBOTS_BYTES - len(rules_part) - 12) + b"\nDisallow: /"
+    body += b"x" * 100 + b"\nDisallow: /\n"
+    rules = rules_from_response(200, body, AGENT)
+    assert MAX_ROBOTS_BYTES == 500 * 1024
+    assert not rules.unreachable
+    assert not rules.allows(f"{SITE}/private", AGENT)
+    assert rules.allows(f"{SITE}/public", AGENT)  # neither the cut rule nor the one past it
+
+
+def test_refused_origin_disallows_and_says_why() -> None:
+    rules = refused_rules("address of a.test (127.0.0.1) is not public; allow it with ...")
+    assert rules.unreachable and rules.refused is not None
+    assert not rules.allows(f"{SITE}/", AGENT)
