@@ -212,6 +212,8 @@ class _Session:
         consumer.pause(partitions)
         self.restorer.start({p.partition for p in partitions})
         self.status.add("assigned_partitions", len(partitions))
+        log.info("fetch %s: assigned partitions %s", self.st.worker,
+                 sorted({p.partition for p in partitions}))
         self.members_stale = self.s.fleet_rate_cap > 0  # read it outside the callback
 
     def _restore(self, parts: set[int]) -> tuple[set[int], Any]:
@@ -295,6 +297,8 @@ class _Session:
         revoked = [(p.topic, p.partition) for p in partitions]
         self.restorer.cancel({p.partition for p in partitions})
         self.status.add("revoked_partitions", len(partitions))
+        log.info("fetch %s: revoked partitions %s", self.st.worker,
+                 sorted({p.partition for p in partitions}))
         self.ledger.revoke(revoked)
         try:
             self._commit()  # hand over finished work before the partitions move
