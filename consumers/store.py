@@ -11,21 +11,32 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from consumers import faults
 from consumers.membership import Membership
 from consumers.runtime import StatusFile, StopFlag, worker_name
 from crawlfleet.config import Settings
-from crawlfleet.errors import DecodeError
+from crawlfleet.errors import DecodeError, KafkaStageError
 from infra.clickhouse import DEAD_COLUMNS, EVENT_COLUMNS, PAGE_COLUMNS, QueryServer, Store
 from infra.kafka_io import (
+    Encoder,
+    Output,
     consume_ready,
     consumer_conf,
     offset_of,
+    producer_conf,
     raw_value,
     rewind,
     topology_of,
@@ -66,6 +77,10 @@ def dead_row(event_id: str, d: dict[str, Any]) -> tuple[Any, ...]:
             d["worker"], d["version"], raw.hex()[:4096] if raw else "")
 
 
+#: Key prefix of the dead letters the store publishes itself, then ``topic:partition:offset``
+#: of the undecodable record: that is the row's event_id, as if the store had stored it.
+_OWN_DEAD_KEY = b"undecodable@"
+
 # No new record for this long: write the batch now. Under load records arrive in bursts, one
 # per upstream transaction every ~0.1-0.3 s; a shorter gap would insert each burst on its own,
 # and every chDB insert costs ~12 ms plus the merges of its part (measured: 50 ms -> 150 ms cut
@@ -89,6 +104,8 @@ class StoreStage:
         self.store.warm_up()
         self._committed: dict[tuple[str, int], int] = {}
         self._revoked: set[tuple[str, int]] = set()
+        self._encoder = Encoder(self.topology, self.worker, self.codec)
+        self._producer: Producer | None = None  # made for the first undecodable record
 
     def run(self) -> None:
         server = QueryServer(self.store, self.s.clickhouse_path) if self.store.embedded else None
@@ -171,6 +188,7 @@ class StoreStage:
         rows: dict[str, list[Sequence[Any]]] = {"pages": [], "fetch_events": [],
                                                   "dead_letters": []}
         ranges: dict[tuple[str, int], list[int]] = {}
+        dead: list[Output] = []
         for msg in batch:
             (topic, partition), offset = tp_of(msg), offset_of(msg)
             r = ranges.setdefault((topic, partition), [offset, offset])
@@ -179,9 +197,16 @@ class StoreStage:
             try:
                 self._route(msg, event_id, rows)
             except DecodeError as exc:
-                rows["dead_letters"].append((event_id, datetime.now(UTC), "", "", "",
-                                             topic, exc.reason, str(exc), 1, self.worker,
-                                             "", (raw_value(msg) or b"").hex()[:4096]))
+                if topic == self.topology.dead:  # already in crawl.dead, as it came
+                    rows["dead_letters"].append((event_id, datetime.now(UTC), "", "", "",
+                                                 topic, exc.reason, str(exc), 1, self.worker,
+                                                 "", (raw_value(msg) or b"").hex()[:4096]))
+                else:
+                    dead.append(self._undecodable(msg, event_id, exc))
+        if dead:
+            # In crawl.dead before the offsets move; the rows come when the store reads
+            # them back from there, keyed by the records' own places (see _route).
+            self._publish(dead)
         token = ",".join(f"{t}:{p}:{a}-{b}" for (t, p), (a, b) in sorted(ranges.items()))
         columns: dict[str, Sequence[str]] = {"pages": PAGE_COLUMNS,
                                              "fetch_events": EVENT_COLUMNS,
@@ -200,4 +225,36 @@ class StoreStage:
         elif topic == self.topology.telemetry:
             rows["fetch_events"].append(event_row(event_id, record))
         else:
+            key = msg.key() or b""
+            key = key.encode() if isinstance(key, str) else key
+            if key.startswith(_OWN_DEAD_KEY):  # one of ours: its row is the record's place
+                event_id = key[len(_OWN_DEAD_KEY):].decode("utf-8", "replace")
             rows["dead_letters"].append(dead_row(event_id, record))
+
+    def _undecodable(self, msg: Message, event_id: str, exc: DecodeError) -> Output:
+        """A dead letter for crawl.dead (the complete record of failures), keyed by where
+        the record was: a replay publishes it again, and its row collapses with the first."""
+        self.status.add("undecodable")
+        return replace(self._encoder.undecodable(msg, exc),
+                       key=_OWN_DEAD_KEY + event_id.encode())
+
+    def _publish(self, dead: list[Output]) -> None:
+        """Produce ``dead`` and wait until the broker has them all (else raise: the batch's
+        offsets must not be committed, it is replayed)."""
+        if self._producer is None:
+            self._producer = Producer(producer_conf(self.s, self.worker))
+        failed: list[KafkaError] = []
+
+        def delivered(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                failed.append(err)
+
+        for out in dead:
+            self._producer.produce(out.topic, value=out.value, key=out.key,
+                                   partition=out.partition, headers=out.headers,
+                                   on_delivery=delivered)
+        left = self._producer.flush(30)
+        if left or failed:
+            raise KafkaStageError(f"store: {left} dead letters undelivered, "
+                                  f"{len(failed)} failed ({failed[:1]})")
+        self.status.add("dead_published", len(dead))
