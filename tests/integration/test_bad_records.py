@@ -1,5 +1,6 @@
-"""Bad input mid-crawl, on real parts: undecodable records in every stage's input. Each
-becomes one dead letter with its reason; the crawl goes on and every good page is stored."""
+"""Bad input mid-crawl, on real parts: undecodable records in every stage's input, and a page
+whose handling raises. Each becomes one dead letter with its reason; the crawl goes on and
+every good page is stored."""
 
 from __future__ import annotations
 
@@ -192,3 +193,66 @@ def test_store_dead_letters_survive_a_replay_once(
     assert sorted(d[0] for d in dead) == sorted(f"{topo.parsed}:{n}:0"
                                                 for n in range(len(garbage)))
     assert ws.all["store-0"].alive()
+
+
+#: A parse worker whose extraction raises on one page (a bug nobody foresaw), then the CLI.
+RAISING_PARSE_BOOT = """
+import sys
+import consumers.parse as parse
+_extract = parse.extract
+def extract(body, base_url, content_type="text/html"):
+    if base_url.endswith("/p3.html"):
+        raise ZeroDivisionError("planted failure")
+    return _extract(body, base_url, content_type)
+parse.extract = extract
+from crawlfleet.cli import app
+sys.argv[0] = "crawlfleet"
+app()
+"""
+
+
+def test_page_whose_parse_raises_is_dead_lettered_as_internal(
+        settings: Settings, fleet: Callable[[Settings], Workers]) -> None:
+    """One page's parse raises an unexpected exception: that page becomes one ``internal``
+    dead letter naming it and the exception type; the parse worker lives on and the rest of
+    the crawl (but for the pages only that page links to) is stored."""
+    port = free_port((HOST,), 19400)
+    s = settings
+    topo = topology_of(s)
+    create_all_topics(s)
+    ws = fleet(s)
+    started = time.monotonic()
+    routes = _site_routes()
+    with CountingServer(HOST, port, routes) as site:
+        boom = site.url("/p3.html")
+        # Every page is linked from the index, so all are reached; p3 is fetched, not stored.
+        expected = {site.url("/"): 200, **{site.url(f"/p{i}.html"): 200
+                                           for i in range(PAGES) if i != 3}}
+        for stage in ("store", "retry", "fetch"):
+            ws.start(stage, f"{stage}-0")
+        parse = ws.start("parse", "parse-0", boot=RAISING_PARSE_BOOT)
+        ws.wait_store_ready()
+        publish_seeds(s, [site.url("/")])
+
+        def done() -> bool:
+            internal = query(s, "SELECT count() FROM dead_letters FINAL "
+                                "WHERE reason = 'internal'")[0][0]
+            return int(internal) >= 1 and page_counts(s).final == len(expected)
+
+        wait_until(done, 90, "the raising page dead-lettered and the rest stored")
+        drain_s = wait_drained(s, ws, 60)
+        assert stored_pages(s) == expected
+        dead = query(s, "SELECT url, reason, error, source_topic, attempts, raw "
+                        "FROM dead_letters FINAL")
+        assert len(dead) == 1, dead
+        url, reason, error, source, attempts, raw = dead[0]
+        assert (url, reason, source, int(attempts)) == (boom, "internal", topo.fetched, 1)
+        assert "ZeroDivisionError" in error and "planted failure" in error and boom in error
+        assert raw, "the FetchResult's bytes are kept for inspection"
+        assert site.count("/p3.html") == 1, "dead-lettered, not retried"
+        assert parse.alive() and parse.counter("internal") == 1, parse.log_tail()
+        assert "ZeroDivisionError" in parse.log()
+        assert all(w.alive() for w in ws.all.values()), ws.logs()
+
+    report("internal", pages=len(expected), drain_s=round(drain_s, 1),
+           total_s=round(time.monotonic() - started, 1))
