@@ -77,6 +77,25 @@ def dead_row(event_id: str, d: dict[str, Any]) -> tuple[Any, ...]:
             d["worker"], d["version"], raw.hex()[:4096] if raw else "")
 
 
+#: The tables' unsigned columns (UInt16/UInt32) by position, with their largest value. A
+#: record that decodes yet holds a value outside one (a negative depth, say) would fail its
+#: whole batch's insert, and again on every replay: it is refused on its own instead.
+_UINT_MAX = {"depth": 0xFFFF, "status": 0xFFFF, "attempt": 0xFFFF, "attempts": 0xFFFF,
+             "body_bytes": 0xFFFFFFFF, "elapsed_ms": 0xFFFFFFFF, "bytes": 0xFFFFFFFF}
+_UINT_COLUMNS: dict[str, tuple[tuple[int, str, int], ...]] = {
+    table: tuple((i, c, _UINT_MAX[c]) for i, c in enumerate(cols) if c in _UINT_MAX)
+    for table, cols in (("pages", PAGE_COLUMNS), ("fetch_events", EVENT_COLUMNS),
+                        ("dead_letters", DEAD_COLUMNS))}
+
+
+def fits(table: str, row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``row`` if every unsigned column of ``table`` can hold its value, else DecodeError."""
+    for i, column, top in _UINT_COLUMNS[table]:
+        if not 0 <= row[i] <= top:
+            raise DecodeError(f"{table}: {column} = {row[i]} is outside 0..{top}")
+    return row
+
+
 #: Key prefix of the dead letters the store publishes itself, then ``topic:partition:offset``
 #: of the undecodable record: that is the row's event_id, as if the store had stored it.
 _OWN_DEAD_KEY = b"undecodable@"
@@ -221,15 +240,15 @@ class StoreStage:
         topic = tp_of(msg)[0]
         record = self.codec.decode(self.topology.record_of(topic), msg.value(), msg.headers())
         if topic == self.topology.parsed:
-            rows["pages"].append(page_row(record))
+            rows["pages"].append(fits("pages", page_row(record)))
         elif topic == self.topology.telemetry:
-            rows["fetch_events"].append(event_row(event_id, record))
+            rows["fetch_events"].append(fits("fetch_events", event_row(event_id, record)))
         else:
             key = msg.key() or b""
             key = key.encode() if isinstance(key, str) else key
             if key.startswith(_OWN_DEAD_KEY):  # one of ours: its row is the record's place
                 event_id = key[len(_OWN_DEAD_KEY):].decode("utf-8", "replace")
-            rows["dead_letters"].append(dead_row(event_id, record))
+            rows["dead_letters"].append(fits("dead_letters", dead_row(event_id, record)))
 
     def _undecodable(self, msg: Message, event_id: str, exc: DecodeError) -> Output:
         """A dead letter for crawl.dead (the complete record of failures), keyed by where
