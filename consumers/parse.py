@@ -96,6 +96,7 @@ class ParseStage(BatchStage):
             if not _url_of(result):  # no job to name: the stage dead-letters the raw record
                 raise err from exc
             job = result["job"]
+            self.status.add("dead")  # as the stage counts the dead letters it makes
             # The dead letter names the page (url, target, profile), not just its bytes.
             return [self.encoder.dead(job, raw_value(msg), tp_of(msg)[0], err.reason,
                                       str(err), int(job.get("attempt", 0)) + 1)]

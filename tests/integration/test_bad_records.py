@@ -279,6 +279,7 @@ def test_page_whose_parse_raises_is_dead_lettered_as_internal(
         assert raw, "the FetchResult's bytes are kept for inspection"
         assert site.count("/p3.html") == 1, "dead-lettered, not retried"
         assert parse.alive() and parse.counter("internal") == 1, parse.log_tail()
+        assert parse.counter("dead") == 1  # the crawl's progress table counts it
         assert "ZeroDivisionError" in parse.log()
         assert all(w.alive() for w in ws.all.values()), ws.logs()
 
