@@ -83,7 +83,10 @@ def _canonicalize(url: str) -> str:
     if port is not None and port != DEFAULT_PORTS[scheme]:
         netloc = f"{netloc}:{port}"
     rebuilt = urlunsplit((scheme, netloc, parts.path or "/", parts.query, ""))
-    return canonicalize_url(rebuilt, keep_fragments=False)
+    canonical = canonicalize_url(rebuilt, keep_fragments=False)
+    if len(canonical) > MAX_URL_LENGTH:  # percent-encoding made it longer than it was
+        raise InvalidURLError(f"URL longer than {MAX_URL_LENGTH} characters once encoded")
+    return canonical
 
 
 _canonicalize_cached = lru_cache(maxsize=1 << 16)(_canonicalize)

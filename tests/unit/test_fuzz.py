@@ -76,7 +76,8 @@ def url_ish(draw: st.DrawFn) -> str:
     url = (draw(edge) + scheme + sep + draw(st.one_of(st.just(""), _USERINFO)) + draw(_HOST)
            + draw(_PORT) + draw(_PATH) + draw(edge))
     if draw(st.integers(0, 20)) == 0:  # now and then very long
-        url += "/" + "a" * draw(st.integers(200, 5000))
+        url += "/" + draw(st.sampled_from(["a", "\u00e9", " ", "%41"])) * draw(
+            st.integers(200, 5000))
     return url
 
 
@@ -124,6 +125,7 @@ def _assert_crawlable(url: str) -> None:
 @example("http://[::FFFF:1.2.3.4]:8080/")
 @example("https://bücher.example/%7Euser/")
 @example("http://a.b/" + "x" * 5000)
+@example("http://a.b/" + "\u00e9" * 2000)  # was canonical at 12,000 characters, once encoded
 def test_canonicalize_raises_only_invalid_url_and_is_idempotent(url: str) -> None:
     canonical = _canonical(url)
     if canonical is None:

@@ -97,6 +97,15 @@ def test_canonicalize_rejects(raw: str) -> None:
         canonicalize(raw)
 
 
+def test_a_url_that_encoding_makes_too_long_is_rejected() -> None:
+    """Found by fuzzing: 4,000 characters became 4,000+ once percent-encoded, so the result
+    was one that canonicalize itself then refused (not idempotent)."""
+    raw = "http://example.com/" + "é" * 2000
+    assert len(raw) <= MAX_URL_LENGTH
+    with pytest.raises(InvalidURLError, match="once encoded"):
+        canonicalize(raw)
+
+
 def test_max_length_boundary() -> None:
     prefix = "http://example.com/"
     ok = prefix + "a" * (MAX_URL_LENGTH - len(prefix))
