@@ -4,6 +4,11 @@ Each batch is inserted with an ``insert_deduplication_token`` derived from the i
 offset ranges, and offsets are committed only after the insert returns. A crash between
 the two replays the batch: the same token is dropped by ClickHouse, and a differently cut
 batch collapses in the ReplacingMergeTree (readers use FINAL views).
+
+A crawl.parsed or crawl.telemetry record the store cannot read (or whose values its table
+cannot hold) becomes a dead letter in crawl.dead, like every other stage's, before the
+batch's offsets are committed; its row is written when the store reads it back, under the
+record's own ``topic:partition:offset``, so a replayed batch's second copy collapses.
 """
 
 from __future__ import annotations
