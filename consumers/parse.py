@@ -18,7 +18,7 @@ from consumers.html import extract
 from consumers.scope import follow
 from crawlfleet.errors import CrawlfleetError, InternalError
 from crawlfleet.urls import dedupe_key, target_of
-from infra.kafka_io import Output, job_key
+from infra.kafka_io import Output, job_key, raw_value, tp_of
 from producers.backpressure import FrontierGate
 
 log = logging.getLogger("crawlfleet.parse")
@@ -92,7 +92,14 @@ class ParseStage(BatchStage):
             self.status.add("internal")
             log.exception("parse of %r failed unexpectedly; dead-lettered",
                           _url_of(result))
-            raise InternalError.wrap(exc, f"parsing {_url_of(result)!r}") from exc
+            err = InternalError.wrap(exc, f"parsing {_url_of(result)!r}")
+            if not _url_of(result):  # no job to name: the stage dead-letters the raw record
+                raise err from exc
+            job = result["job"]
+            self.status.add("dead")  # as the stage counts the dead letters it makes
+            # The dead letter names the page (url, target, profile), not just its bytes.
+            return [self.encoder.dead(job, raw_value(msg), tp_of(msg)[0], err.reason,
+                                      str(err), int(job.get("attempt", 0)) + 1)]
         self.status.add("pages")
         return outputs
 

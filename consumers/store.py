@@ -4,6 +4,11 @@ Each batch is inserted with an ``insert_deduplication_token`` derived from the i
 offset ranges, and offsets are committed only after the insert returns. A crash between
 the two replays the batch: the same token is dropped by ClickHouse, and a differently cut
 batch collapses in the ReplacingMergeTree (readers use FINAL views).
+
+A crawl.parsed or crawl.telemetry record the store cannot read (or whose values its table
+cannot hold) becomes a dead letter in crawl.dead, like every other stage's, before the
+batch's offsets are committed; its row is written when the store reads it back, under the
+record's own ``topic:partition:offset``, so a replayed batch's second copy collapses.
 """
 
 from __future__ import annotations
@@ -11,21 +16,32 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from consumers import faults
 from consumers.membership import Membership
 from consumers.runtime import StatusFile, StopFlag, worker_name
 from crawlfleet.config import Settings
-from crawlfleet.errors import DecodeError
+from crawlfleet.errors import DecodeError, KafkaStageError
 from infra.clickhouse import DEAD_COLUMNS, EVENT_COLUMNS, PAGE_COLUMNS, QueryServer, Store
 from infra.kafka_io import (
+    Encoder,
+    Output,
     consume_ready,
     consumer_conf,
     offset_of,
+    producer_conf,
     raw_value,
     rewind,
     topology_of,
@@ -66,6 +82,29 @@ def dead_row(event_id: str, d: dict[str, Any]) -> tuple[Any, ...]:
             d["worker"], d["version"], raw.hex()[:4096] if raw else "")
 
 
+#: The tables' unsigned columns (UInt16/UInt32) by position, with their largest value. A
+#: record that decodes yet holds a value outside one (a negative depth, say) would fail its
+#: whole batch's insert, and again on every replay: it is refused on its own instead.
+_UINT_MAX = {"depth": 0xFFFF, "status": 0xFFFF, "attempt": 0xFFFF, "attempts": 0xFFFF,
+             "body_bytes": 0xFFFFFFFF, "elapsed_ms": 0xFFFFFFFF, "bytes": 0xFFFFFFFF}
+_UINT_COLUMNS: dict[str, tuple[tuple[int, str, int], ...]] = {
+    table: tuple((i, c, _UINT_MAX[c]) for i, c in enumerate(cols) if c in _UINT_MAX)
+    for table, cols in (("pages", PAGE_COLUMNS), ("fetch_events", EVENT_COLUMNS),
+                        ("dead_letters", DEAD_COLUMNS))}
+
+
+def fits(table: str, row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``row`` if every unsigned column of ``table`` can hold its value, else DecodeError."""
+    for i, column, top in _UINT_COLUMNS[table]:
+        if not 0 <= row[i] <= top:
+            raise DecodeError(f"{table}: {column} = {row[i]} is outside 0..{top}")
+    return row
+
+
+#: Key prefix of the dead letters the store publishes itself, then ``topic:partition:offset``
+#: of the undecodable record: that is the row's event_id, as if the store had stored it.
+_OWN_DEAD_KEY = b"undecodable@"
+
 # No new record for this long: write the batch now. Under load records arrive in bursts, one
 # per upstream transaction every ~0.1-0.3 s; a shorter gap would insert each burst on its own,
 # and every chDB insert costs ~12 ms plus the merges of its part (measured: 50 ms -> 150 ms cut
@@ -89,6 +128,8 @@ class StoreStage:
         self.store.warm_up()
         self._committed: dict[tuple[str, int], int] = {}
         self._revoked: set[tuple[str, int]] = set()
+        self._encoder = Encoder(self.topology, self.worker, self.codec)
+        self._producer: Producer | None = None  # made for the first undecodable record
 
     def run(self) -> None:
         server = QueryServer(self.store, self.s.clickhouse_path) if self.store.embedded else None
@@ -171,6 +212,7 @@ class StoreStage:
         rows: dict[str, list[Sequence[Any]]] = {"pages": [], "fetch_events": [],
                                                   "dead_letters": []}
         ranges: dict[tuple[str, int], list[int]] = {}
+        dead: list[Output] = []
         for msg in batch:
             (topic, partition), offset = tp_of(msg), offset_of(msg)
             r = ranges.setdefault((topic, partition), [offset, offset])
@@ -179,9 +221,16 @@ class StoreStage:
             try:
                 self._route(msg, event_id, rows)
             except DecodeError as exc:
-                rows["dead_letters"].append((event_id, datetime.now(UTC), "", "", "",
-                                             topic, exc.reason, str(exc), 1, self.worker,
-                                             "", (raw_value(msg) or b"").hex()[:4096]))
+                if topic == self.topology.dead:  # already in crawl.dead, as it came
+                    rows["dead_letters"].append((event_id, datetime.now(UTC), "", "", "",
+                                                 topic, exc.reason, str(exc), 1, self.worker,
+                                                 "", (raw_value(msg) or b"").hex()[:4096]))
+                else:
+                    dead.append(self._undecodable(msg, event_id, exc))
+        if dead:
+            # In crawl.dead before the offsets move; the rows come when the store reads
+            # them back from there, keyed by the records' own places (see _route).
+            self._publish(dead)
         token = ",".join(f"{t}:{p}:{a}-{b}" for (t, p), (a, b) in sorted(ranges.items()))
         columns: dict[str, Sequence[str]] = {"pages": PAGE_COLUMNS,
                                              "fetch_events": EVENT_COLUMNS,
@@ -196,8 +245,40 @@ class StoreStage:
         topic = tp_of(msg)[0]
         record = self.codec.decode(self.topology.record_of(topic), msg.value(), msg.headers())
         if topic == self.topology.parsed:
-            rows["pages"].append(page_row(record))
+            rows["pages"].append(fits("pages", page_row(record)))
         elif topic == self.topology.telemetry:
-            rows["fetch_events"].append(event_row(event_id, record))
+            rows["fetch_events"].append(fits("fetch_events", event_row(event_id, record)))
         else:
-            rows["dead_letters"].append(dead_row(event_id, record))
+            key = msg.key() or b""
+            key = key.encode() if isinstance(key, str) else key
+            if key.startswith(_OWN_DEAD_KEY):  # one of ours: its row is the record's place
+                event_id = key[len(_OWN_DEAD_KEY):].decode("utf-8", "replace")
+            rows["dead_letters"].append(fits("dead_letters", dead_row(event_id, record)))
+
+    def _undecodable(self, msg: Message, event_id: str, exc: DecodeError) -> Output:
+        """A dead letter for crawl.dead (the complete record of failures), keyed by where
+        the record was: a replay publishes it again, and its row collapses with the first."""
+        self.status.add("undecodable")
+        return replace(self._encoder.undecodable(msg, exc),
+                       key=_OWN_DEAD_KEY + event_id.encode())
+
+    def _publish(self, dead: list[Output]) -> None:
+        """Produce ``dead`` and wait until the broker has them all (else raise: the batch's
+        offsets must not be committed, it is replayed)."""
+        if self._producer is None:
+            self._producer = Producer(producer_conf(self.s, self.worker))
+        failed: list[KafkaError] = []
+
+        def delivered(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                failed.append(err)
+
+        for out in dead:
+            self._producer.produce(out.topic, value=out.value, key=out.key,
+                                   partition=out.partition, headers=out.headers,
+                                   on_delivery=delivered)
+        left = self._producer.flush(30)
+        if left or failed:
+            raise KafkaStageError(f"store: {left} dead letters undelivered, "
+                                  f"{len(failed)} failed ({failed[:1]})")
+        self.status.add("dead_published", len(dead))

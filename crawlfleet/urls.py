@@ -75,14 +75,24 @@ def _canonicalize(url: str) -> str:
         host = host.encode("idna").decode("ascii").lower() if not _is_ip(host) else host
     except UnicodeError as exc:
         raise InvalidURLError(f"bad host name in {url!r}") from exc
+    if not _is_ip(host) and not _FORBIDDEN_HOST_CHARS.isdisjoint(host):
+        # w3lib would rewrite them (a backslash becomes a slash, moving the host into the
+        # path), so the result would not be canonical, or not the same host.
+        raise InvalidURLError(f"forbidden character in host name of {url!r}")
     netloc = f"[{host}]" if ":" in host else host
     if port is not None and port != DEFAULT_PORTS[scheme]:
         netloc = f"{netloc}:{port}"
     rebuilt = urlunsplit((scheme, netloc, parts.path or "/", parts.query, ""))
-    return canonicalize_url(rebuilt, keep_fragments=False)
+    canonical = canonicalize_url(rebuilt, keep_fragments=False)
+    if len(canonical) > MAX_URL_LENGTH:  # percent-encoding made it longer than it was
+        raise InvalidURLError(f"URL longer than {MAX_URL_LENGTH} characters once encoded")
+    return canonical
 
 
 _canonicalize_cached = lru_cache(maxsize=1 << 16)(_canonicalize)
+
+#: WHATWG's forbidden domain code points (C0 controls, space, ``#%/:<>?@[\\]^|``, DEL).
+_FORBIDDEN_HOST_CHARS = frozenset(chr(c) for c in range(0x21)) | frozenset("#%/:<>?@[\\]^|\x7f")
 
 
 @lru_cache(maxsize=4096)

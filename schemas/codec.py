@@ -128,7 +128,8 @@ def _header(headers: HeadersIn, name: str) -> str | None:
     pairs = headers.items() if isinstance(headers, dict) else (headers or ())
     for k, v in pairs:
         if k == name:
-            return v.decode() if isinstance(v, bytes) else str(v)
+            # Not UTF-8: then no known fingerprint either, and decode says so.
+            return v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
     return None
 
 

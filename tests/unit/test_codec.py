@@ -252,6 +252,13 @@ def test_unknown_fingerprint(codec: Codec) -> None:
         codec.decode("CrawlJob", payload, [(HEADER_SCHEMA, b"0123456789abcdef")])
 
 
+def test_non_utf8_schema_header_is_a_decode_error(codec: Codec) -> None:
+    """Found by fuzzing: the header's bytes were decoded strictly (UnicodeDecodeError)."""
+    payload, _ = codec.encode("CrawlJob", JOB)
+    with pytest.raises(DecodeError, match="unknown"):
+        codec.decode("CrawlJob", payload, [(HEADER_SCHEMA, b"\x80\xff")])
+
+
 def test_header_found_among_others(codec: Codec) -> None:
     payload, headers = codec.encode("CrawlJob", JOB)
     assert codec.decode("CrawlJob", payload, [("cf-target", b"example.com"), *headers]) == JOB

@@ -80,10 +80,29 @@ def test_distinct_pages_stay_distinct() -> None:
         "http://example.com:port/",
         "http://[::1/",
         "http://example.com/" + "a" * MAX_URL_LENGTH,
+        # Forbidden in a host name (found by fuzzing: w3lib rewrote "\\" to "/", moving the
+        # host into the path, and kept the others, which no host can contain).
+        "http://\\/0",
+        "http://a\\b/",
+        "http://a b/",
+        "http://a|b/",
+        "http://a^b/",
+        "http://a<b>/",
+        "http://ex%61mple.com/",
+        "http://a\x7fb/",
     ],
 )
 def test_canonicalize_rejects(raw: str) -> None:
     with pytest.raises(InvalidURLError):
+        canonicalize(raw)
+
+
+def test_a_url_that_encoding_makes_too_long_is_rejected() -> None:
+    """Found by fuzzing: 4,000 characters became 4,000+ once percent-encoded, so the result
+    was one that canonicalize itself then refused (not idempotent)."""
+    raw = "http://example.com/" + "é" * 2000
+    assert len(raw) <= MAX_URL_LENGTH
+    with pytest.raises(InvalidURLError, match="once encoded"):
         canonicalize(raw)
 
 
