@@ -30,7 +30,7 @@ lint: setup
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	$(BIN)/python -m pytest -p no:cacheprovider tests
 
 bench: setup
 	$(BIN)/python -m bench.crawl_bench --pages 10000

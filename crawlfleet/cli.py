@@ -22,8 +22,12 @@ kafka_app = typer.Typer(help="Run a local Apache Kafka (KRaft) from Maven Centra
 topics_app = typer.Typer(help="Provision the crawl topics.", no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(topics_app, name="topics")
-console = Console()
-err_console = Console(stderr=True)
+#: Piped output is plain and complete: no terminal width to cut tables to, no live redraws.
+console = Console() if sys.stdout.isatty() else Console(width=100_000, soft_wrap=True)
+err_console = Console(stderr=True) if sys.stderr.isatty() else \
+    Console(stderr=True, width=100_000, soft_wrap=True)
+#: Exit status when some input lines were rejected (the good ones still went through).
+EXIT_BAD_LINES = 3
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML settings file.")]
 BootstrapOpt = Annotated[str | None, typer.Option(
@@ -83,7 +87,8 @@ def kafka_status(dir: Annotated[Path | None, typer.Option(help="Kafka home.")] =
         raise typer.Exit(1)
     for n in st.nodes:
         state = "running" if n.running else "stopped"
-        console.print(f"node {n.node_id}: {state} pid={n.pid} port={n.broker_port}")
+        pid = f" pid={n.pid}" if n.pid is not None else ""
+        console.print(f"node {n.node_id}: {state}{pid} port={n.broker_port}")
     console.print(f"bootstrap: {st.bootstrap_servers}")
     if not st.running:
         raise typer.Exit(1)
@@ -145,8 +150,8 @@ def publish_cmd(source: Annotated[str, typer.Argument(help="File of URLs / JSON 
         err_console.print(f"line {line}: {reason}")
     console.print(f"published {report.published}, duplicates dropped {report.duplicates}, "
                   f"bad lines {len(report.errors)}")
-    if report.errors and not report.published:
-        raise typer.Exit(1)
+    if report.errors:
+        raise typer.Exit(1 if not report.published else EXIT_BAD_LINES)
 
 
 AllowHostsOpt = Annotated[str | None, typer.Option(
@@ -259,6 +264,8 @@ def crawl_cmd(seeds: Annotated[str, typer.Argument(help="File of seed URLs / JSO
         crawl.summary_json(summary, summary_json)
     if not summary.drained:
         raise typer.Exit(1)
+    if summary.seed_errors:
+        raise typer.Exit(EXIT_BAD_LINES)
 
 
 # --- control -------------------------------------------------------------------------------
@@ -359,9 +366,19 @@ def sql_cmd(query: Annotated[str, typer.Argument(help="SQL, e.g. 'SELECT * FROM 
     """Query the crawl store (while a crawl runs, through its store process)."""
     import json as _json
 
+    from crawlfleet.errors import QueryError
     from infra.clickhouse import run_query
     try:
-        cols, rows = run_query(_settings(config, clickhouse=clickhouse, data_dir=data_dir), query)
+        s = _settings(config, clickhouse=clickhouse, data_dir=data_dir)
+        cols, rows = run_query(s, query)
+    except QueryError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        try:
+            _, names = run_query(s, "SHOW TABLES")
+            err_console.print("tables and views: " + ", ".join(str(n[0]) for n in names))
+        except CrawlfleetError:
+            pass
+        raise typer.Exit(2) from None
     except CrawlfleetError as exc:
         _fail(exc)
         return

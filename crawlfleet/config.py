@@ -9,6 +9,7 @@ Secrets are kept in :class:`Secret`, whose repr never shows the value.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import ipaddress
 import os
 import re
@@ -255,14 +256,36 @@ def _host_or_network(entry: str) -> bool:
     return True
 
 
-def _coerce_field(name: str, value: Any) -> Any:
+#: ``CRAWLFLEET_*`` variables that are not settings: read elsewhere, never a typo.
+RESERVED_ENV = frozenset({"CONFIG", "FAULT", "HOME", "KAFKA_JARS", "CLOCK_SKEW_S"})
+
+
+def _coerce_field(name: str, value: Any, source: str | None = None) -> Any:
     hints = get_type_hints(Settings)
     if name not in hints:
         raise ConfigError(f"unknown setting {name!r}")
-    return _coerce(name, hints[name], value)
+    return _coerce(name, hints[name], value, source)
 
 
-def _coerce(name: str, hint: Any, value: Any) -> Any:
+def _expected(hint: Any) -> str:
+    """What a value of type ``hint`` looks like, for error messages."""
+    origin = getattr(hint, "__origin__", None)
+    if hint is bool:
+        return "true or false (also 1/0, yes/no, on/off)"
+    if hint is int:
+        return "a whole number, e.g. 8"
+    if hint is float:
+        return "a number, e.g. 2.5"
+    if origin is tuple:
+        return "a comma-separated list, e.g. a,b"
+    if origin is dict:
+        if hint.__args__[1] is str:
+            return "TARGET=VALUE pairs separated by '|'"
+        return "TARGET=NUMBER pairs separated by ',', e.g. example.com=0.5,other.org=2"
+    return "a string"
+
+
+def _coerce(name: str, hint: Any, value: Any, source: str | None = None) -> Any:
     try:
         if hint is Secret:
             return value if isinstance(value, Secret) else Secret(str(value))
@@ -294,7 +317,9 @@ def _coerce(name: str, hint: Any, value: Any) -> Any:
                         (item.split("=", 1) for item in value.split(sep) if item.strip())}
             return {str(k): conv(v) for k, v in dict(value).items()}
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"setting {name!r}: cannot read {value!r} as {hint}") from exc
+        where = source or f"setting {name!r}"
+        raise ConfigError(f"{where}={value!r} is not valid for setting {name!r}: expected "
+                          f"{_expected(hint)}") from exc
     raise ConfigError(f"setting {name!r}: unsupported type {hint}")
 
 
@@ -309,12 +334,32 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"cannot read config file {path}: {exc}") from exc
     names = {f.name for f in fields(Settings)}
-    for f in names:
-        env = os.environ.get(ENV_PREFIX + f.upper())
-        if env is not None:
-            values[f] = env
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    sources = {k: f"{path}: {k}" for k in values}
+    unknown_env: list[str] = []
+    for key, env in os.environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        name = key[len(ENV_PREFIX):]
+        if name.lower() in names and name == name.upper():
+            values[name.lower()] = env
+            sources[name.lower()] = key
+        elif name not in RESERVED_ENV:
+            unknown_env.append(key)
+    if unknown_env:
+        raise ConfigError("unknown environment variable(s): " + "; ".join(
+            _suggest(k, [ENV_PREFIX + n.upper() for n in names]) for k in sorted(unknown_env)))
+    for k, v in overrides.items():
+        if v is not None:
+            values[k] = v
+            sources[k] = f"--{k.replace('_', '-')}"
     unknown = set(values) - names
     if unknown:
-        raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
-    return Settings(**{k: _coerce_field(k, v) for k, v in values.items()})
+        raise ConfigError("unknown setting(s): " + "; ".join(
+            _suggest(k, sorted(names)) for k in sorted(unknown)))
+    return Settings(**{k: _coerce_field(k, v, sources.get(k)) for k, v in values.items()})
+
+
+def _suggest(name: str, known: list[str]) -> str:
+    """``name``, with the closest known name if one is close (a typo)."""
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"{name} (did you mean {close[0]}?)" if close else name

@@ -7,6 +7,7 @@ restarted with the same worker id, which fences its former self.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -169,6 +170,9 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
     with ``--topic-prefix`` (which adopts their partition count).
     """
     console = console or Console(stderr=True)
+    if not settings.bootstrap_servers and not kafka_local.status().running:
+        console.print("no Kafka configured and the local broker is not running: starting it "
+                      "(`crawlfleet kafka up`; `crawlfleet kafka down` stops it)")
     settings = resolve_bootstrap(settings, start_local=True)
     seeds = list(seeds)
     if settings.scope == "seeds" and not settings.allowed_targets:
@@ -196,11 +200,15 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
         summary = _summarise(settings, report, start_wall, elapsed, drained, fleet)
     finally:
         fleet.stop()
-    if ephemeral and drained and not keep_topics:
+    if ephemeral and not keep_topics:
         try:
             summary.topics_deleted = len(delete_topics(settings))
         except InfraError as exc:
             console.print(f"[yellow]topics of {settings.topic_prefix} not deleted: {exc}")
+        if not drained:
+            console.print(f"[yellow]timed out: this run's topics ({settings.topic_prefix}*) "
+                          "were deleted; to resume a crawl later, run it with --keep-topics "
+                          "and then again with the same --topic-prefix")
     return summary
 
 
@@ -237,19 +245,32 @@ def _seed_targets(lines: list[str], settings: Settings) -> tuple[str, ...]:
     return tuple(sorted({j["target"] for j in jobs_from_lines(lines, settings, report)}))
 
 
+#: How often a crawl whose output is not a terminal prints its progress line.
+PLAIN_PROGRESS_S = 5.0
+
+
 def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float | None,
            started: float) -> bool:
     topo = topology_of(settings)
     probe = LagProbe(settings)
     calm_since: float | None = None
+    # A terminal gets a live table; a pipe or a file gets a plain line every few seconds.
+    live = Live(console=console, refresh_per_second=4, transient=False) \
+        if console.is_terminal else contextlib.nullcontext()
+    last_line = 0.0
     try:
-        with Live(console=console, refresh_per_second=4, transient=False) as live:
+        with live:
             while True:
                 time.sleep(0.5)
                 fleet.heal()
                 statuses = read_statuses(settings.status_dir)
                 lags = probe.stage_lags(topo)
-                live.update(_progress_table(statuses, lags, time.monotonic() - started))
+                now = time.monotonic()
+                if isinstance(live, Live):
+                    live.update(_progress_table(statuses, lags, now - started))
+                elif now - last_line >= PLAIN_PROGRESS_S:
+                    last_line = now
+                    console.print(_progress_line(statuses, lags, now - started))
                 if _calm(statuses, lags, fleet, topo.partitions):
                     calm_since = calm_since or time.monotonic()
                     if time.monotonic() - calm_since >= 1.0:
@@ -275,12 +296,27 @@ def _calm(statuses: list[dict[str, Any]], lags: dict[str, int], fleet: Fleet,
     return all(v == 0 for v in lags.values())
 
 
-def _progress_table(statuses: list[dict[str, Any]], lags: dict[str, int],
-                    elapsed: float) -> Table:
+def _totals(statuses: list[dict[str, Any]]) -> dict[str, int]:
     totals: dict[str, int] = {}
     for s in statuses:
         for k, v in s.get("counters", {}).items():
             totals[f"{s['stage']}.{k}"] = totals.get(f"{s['stage']}.{k}", 0) + v
+    return totals
+
+
+def _progress_line(statuses: list[dict[str, Any]], lags: dict[str, int],
+                   elapsed: float) -> str:
+    """The live table's figures as one plain line (output that is not a terminal)."""
+    totals = _totals(statuses)
+    return (f"{elapsed:5.0f}s  fetched {totals.get('fetch.fetched', 0)}  stored "
+            f"{totals.get('store.stored_pages', 0)}  retries {totals.get('fetch.retries', 0)}  "
+            f"dead {totals.get('fetch.dead', 0) + totals.get('parse.dead', 0)}  queues: "
+            + " ".join(f"{stage} {lag}" for stage, lag in lags.items()))
+
+
+def _progress_table(statuses: list[dict[str, Any]], lags: dict[str, int],
+                    elapsed: float) -> Table:
+    totals = _totals(statuses)
     t = Table(title=f"crawlfleet — {elapsed:.0f}s", show_header=True)
     for col in ("fetched", "stored", "retries", "dead", "queue: frontier", "fetched→parse",
                 "parsed→store", "retry"):

@@ -42,6 +42,12 @@ class InfraError(FatalError):
     reason = "infra"
 
 
+class QueryError(FatalError):
+    """The store's engine refused a query (a typo, a missing table): its one-line reason."""
+
+    reason = "query"
+
+
 class InvalidURLError(FatalError):
     """A URL cannot be crawled: bad syntax, unsupported scheme, or refused address."""
 

@@ -9,6 +9,7 @@ opens the path itself otherwise (e.g. after the crawl has finished).
 from __future__ import annotations
 
 import json
+import re
 import threading
 import urllib.request
 from collections.abc import Sequence
@@ -18,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import clickhouse_connect
+from clickhouse_connect.driver.exceptions import ClickHouseError
 from clickhouse_connect.driver.insert import InsertContext
 
 from crawlfleet.config import Settings
-from crawlfleet.errors import ConfigError, InfraError
+from crawlfleet.errors import ConfigError, InfraError, QueryError
 
 SQL_DIR = Path(__file__).parent / "sql"
 PORT_FILE = "query.port"
@@ -173,7 +175,23 @@ class QueryServer:
 
 
 def run_query(settings: Settings, sql: str) -> tuple[list[str], list[list[Any]]]:
-    """Run a query against the crawl's store, through its owner process if it is running."""
+    """Run a query against the crawl's store, through its owner process if it is running.
+
+    An engine error is a :class:`QueryError` with the engine's first line, never a trace."""
+    try:
+        return _run_query(settings, sql)
+    except ClickHouseError as exc:
+        raise QueryError(engine_message(str(exc))) from exc
+
+
+def engine_message(text: str) -> str:
+    """The engine's reason without its code prefix and echo of the query (one line)."""
+    line = text.strip().splitlines()[0] if text.strip() else "query failed"
+    line = re.sub(r"^.*?DB::Exception: ", "", line)
+    return re.sub(r"\s*In scope .*?(\([A-Z_]+\))?$", r" \1", line).strip()
+
+
+def _run_query(settings: Settings, sql: str) -> tuple[list[str], list[list[Any]]]:
     if settings.clickhouse_dsn.get():
         store = Store(settings)
         try:
@@ -205,5 +223,5 @@ def _remote_query(port: int, sql: str) -> tuple[list[str], list[list[Any]]]:
             payload = json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         payload = json.loads(exc.read())
-        raise ConfigError(f"query failed: {payload.get('error')}") from exc
+        raise QueryError(engine_message(str(payload.get("error")))) from exc
     return payload["columns"], payload["rows"]

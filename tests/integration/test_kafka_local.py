@@ -144,6 +144,10 @@ def test_single_node_lifecycle(tmp_path_factory: pytest.TempPathFactory, kafka_j
     st = kafka_local.status(home)
     assert not st.running and all(node.pid is None for node in st.nodes)
     assert not any(_alive(pid) for pid in pids)
+    shown = subprocess.run([sys.executable, "-m", "crawlfleet.cli", "kafka", "status", "--dir",
+                            str(home)], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 1 and "node 1: stopped" in shown.stdout
+    assert "None" not in shown.stdout, shown.stdout
     assert (home / "node-1" / "data" / "meta.properties").exists(), "down keeps data"
 
 

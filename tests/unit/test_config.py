@@ -159,9 +159,31 @@ def test_unknown_keys_rejected(tmp_path: Path) -> None:
         Settings().replace(bogus=1)
 
 
-def test_unknown_env_vars_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CRAWLFLEET_NOT_A_SETTING", "x")
+def test_unknown_env_vars_are_named_with_the_likely_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A typo in a variable's name must not be silently ignored."""
+    monkeypatch.setenv("CRAWLFLEET_RATE_CAPP", "2")
+    with pytest.raises(ConfigError, match=r"CRAWLFLEET_RATE_CAPP \(did you mean "
+                                          r"CRAWLFLEET_RATE_CAP\?\)"):
+        load_settings()
+    monkeypatch.delenv("CRAWLFLEET_RATE_CAPP")
+    for reserved in ("CRAWLFLEET_CONFIG", "CRAWLFLEET_FAULT", "CRAWLFLEET_KAFKA_JARS"):
+        monkeypatch.setenv(reserved, "")  # read elsewhere: not settings, not typos
     assert load_settings() == Settings()
+
+
+def test_a_bad_env_value_names_the_variable_and_the_expected_format(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CRAWLFLEET_RATE_CAP", "fast")
+    with pytest.raises(ConfigError, match=r"CRAWLFLEET_RATE_CAP='fast' .*expected a number"):
+        load_settings()
+    monkeypatch.setenv("CRAWLFLEET_RATE_CAP", "2")
+    monkeypatch.setenv("CRAWLFLEET_RATE_CAPS", "a.com:1")
+    with pytest.raises(ConfigError, match=r"CRAWLFLEET_RATE_CAPS=.*TARGET=NUMBER pairs"):
+        load_settings()
+    monkeypatch.delenv("CRAWLFLEET_RATE_CAPS")
+    with pytest.raises(ConfigError, match=r"--max-depth='deep'.*whole number"):
+        load_settings(max_depth="deep")
 
 
 def test_replace_coerces_and_validates() -> None:

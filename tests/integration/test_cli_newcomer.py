@@ -1,0 +1,101 @@
+"""The CLI as a newcomer meets it: run as a subprocess with its output piped, as CI and
+scripts run it, against the real broker and a real chDB store."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from crawlfleet.config import Settings
+from infra.clickhouse import Store
+from infra.demo_site import DemoSite, demo_spec
+from infra.topics import create_topics
+
+pytestmark = pytest.mark.integration
+
+
+def _env(s: Settings, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRAWLFLEET_")}
+    env.update(CRAWLFLEET_BOOTSTRAP_SERVERS=s.bootstrap_servers,
+               CRAWLFLEET_DATA_DIR=str(s.data_dir), **extra)
+    return env
+
+
+def _cli(env: dict[str, str], *args: str, stdin: str | None = None,
+         timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "crawlfleet.cli", *args], env=env,
+                          input=stdin, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def store(settings: Settings) -> Settings:
+    st = Store(settings)
+    st.ensure_schema()
+    st.close()
+    return settings
+
+
+def test_a_misspelt_table_prints_the_engines_line_and_the_views(store: Settings) -> None:
+    proc = _cli(_env(store), "sql", "SELECT * FROM pagez")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 2, proc.stderr
+    assert "pagez" in lines[0] and "UNKNOWN_TABLE" in lines[0]
+    assert lines[1].startswith("tables and views:")
+    for name in ("pages_v", "fetch_events_v", "dead_letters_v"):
+        assert name in lines[1]
+
+
+def test_piped_sql_tables_are_not_cut_to_the_terminal_width(store: Settings) -> None:
+    proc = _cli(_env(store), "sql", "SELECT repeat('x', 300) AS wide, 'end' AS last")
+    assert proc.returncode == 0, proc.stderr
+    assert "x" * 300 in proc.stdout and "end" in proc.stdout
+
+
+def test_a_misspelt_variable_and_a_bad_value_are_named(store: Settings) -> None:
+    typo = _cli(_env(store, CRAWLFLEET_RATE_CAPP="2"), "sql", "SELECT 1")
+    assert typo.returncode == 2
+    assert "CRAWLFLEET_RATE_CAPP (did you mean CRAWLFLEET_RATE_CAP?)" in typo.stderr
+    bad = _cli(_env(store, CRAWLFLEET_RATE_CAP="fast"), "sql", "SELECT 1")
+    assert bad.returncode == 2
+    assert "CRAWLFLEET_RATE_CAP='fast'" in bad.stderr and "expected a number" in bad.stderr
+
+
+def test_publish_exits_non_zero_when_lines_were_rejected(settings: Settings) -> None:
+    create_topics(settings)
+    env = _env(settings, CRAWLFLEET_TOPIC_PREFIX=settings.topic_prefix)
+    some_bad = _cli(env, "publish", "-", stdin="http://127.0.0.2:18099/a\nnot a url\n")
+    assert some_bad.returncode == 3, some_bad.stderr
+    assert "published 1" in some_bad.stdout and "bad lines 1" in some_bad.stdout
+    all_bad = _cli(env, "publish", "-", stdin="nope\n")
+    assert all_bad.returncode == 1
+    good = _cli(env, "publish", "-", stdin="http://127.0.0.2:18099/b\n")
+    assert good.returncode == 0, good.stderr
+
+
+def test_a_piped_crawl_that_times_out_prints_plain_lines_and_removes_its_topics(
+        settings: Settings, site_port: int, tmp_path: Path) -> None:
+    spec = demo_spec(site_port)
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text("\n".join(spec.seeds()) + "\n")
+    with DemoSite(spec):
+        proc = _cli(_env(settings, CRAWLFLEET_RATE_CAP="0.5"), "crawl", str(seeds),
+                    "--allow-private", "--timeout", "4", timeout=180)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # not drained
+    progress = [ln for ln in proc.stderr.splitlines() if re.match(r"\s*\d+s\s+fetched", ln)]
+    assert progress, proc.stderr  # one plain line per interval, not a redrawn table
+    assert "timed out: this run's topics" in proc.stderr
+    out = proc.stdout.splitlines()
+    assert any("crawl summary" in ln for ln in out)
+    assert any(ln.strip().startswith("drained") or "no (timed out)" in ln for ln in out)
+    prefix = re.search(r"\b(c\d+\.)", proc.stdout)
+    assert prefix, proc.stdout
+    topics = AdminClient(settings.kafka_common()).list_topics(timeout=10).topics
+    assert not [t for t in topics if t.startswith(prefix.group(1))]
