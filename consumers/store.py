@@ -32,6 +32,7 @@ from confluent_kafka import (
 from consumers import faults
 from consumers.membership import Membership
 from consumers.runtime import StatusFile, StopFlag, worker_name
+from consumers.sampler import QueueSampler
 from crawlfleet.config import Settings
 from crawlfleet.errors import DecodeError, KafkaStageError
 from infra.clickhouse import DEAD_COLUMNS, EVENT_COLUMNS, PAGE_COLUMNS, QueryServer, Store
@@ -135,6 +136,8 @@ class StoreStage:
         server = QueryServer(self.store, self.s.clickhouse_path) if self.store.embedded else None
         if server:
             server.start()
+        sampler = QueueSampler(self.s, self.store, self.worker)
+        sampler.start()
         group = self.topology.group("store")
         consumer = Consumer(consumer_conf(self.s, group, self.worker))
         Membership(self.topology, self.stage).subscribe(consumer, on_revoke=self._on_revoke)
@@ -153,6 +156,7 @@ class StoreStage:
                 self._commit(consumer, offsets)
                 self.status.write()
         finally:
+            sampler.stop()
             consumer.close()
             if server:
                 server.stop()

@@ -359,7 +359,13 @@ def chaos_cmd(pages: Annotated[int, typer.Option(help="Pages of the local test s
 
 
 @app.command("sql")
-def sql_cmd(query: Annotated[str, typer.Argument(help="SQL, e.g. 'SELECT * FROM pages_v'")],
+def sql_cmd(query: Annotated[str | None, typer.Argument(
+                help="SQL, e.g. 'SELECT * FROM pages_v' (or use --view)")] = None,
+            view: Annotated[str | None, typer.Option(
+                "--view", help="A dashboard view by name (infra/sql/views); "
+                "`--view list` names them.")] = None,
+            since: Annotated[str, typer.Option(
+                help="The view's time window, ending now: 90s, 15m, 6h, 7d.")] = "1h",
             config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
             data_dir: DataDirOpt = None,
             format: Annotated[str, typer.Option(help="table | tsv | json")] = "table") -> None:
@@ -368,6 +374,23 @@ def sql_cmd(query: Annotated[str, typer.Argument(help="SQL, e.g. 'SELECT * FROM 
 
     from crawlfleet.errors import QueryError
     from infra.clickhouse import run_query
+    from infra.views import expand, load_views, parse_duration
+    views = load_views()
+    if view == "list" or (query is None and view is None):
+        for v in views.values():
+            console.print(f"{v.name:18} {v.title}")
+        return
+    if view is not None:
+        if view not in views:
+            err_console.print(f"[red]error:[/red] no view {view!r}; views: "
+                              + ", ".join(views))
+            raise typer.Exit(2)
+        try:
+            query = expand(views[view].sql, parse_duration(since))
+        except CrawlfleetError as exc:
+            _fail(exc)
+            return
+    assert query is not None
     try:
         s = _settings(config, clickhouse=clickhouse, data_dir=data_dir)
         cols, rows = run_query(s, query)

@@ -138,6 +138,9 @@ class Settings:
     #: A partition's state (dedupe keys, parked jobs, timers) restore gives up after this
     #: long; the partition then stays paused and its restore is retried, never used partial.
     restore_timeout_s: float = 120.0
+    #: The store worker writes every stage's queue depth into ClickHouse (``queue_samples``)
+    #: this often, in seconds; 0 turns the sampler off.
+    sample_interval_s: float = 10.0
     max_poll_interval_ms: int = 300_000
     #: How often a busy fetch worker commits its transaction (an idle one commits at once).
     #: Each transaction costs a produce request per partition it touches plus the broker's
@@ -214,6 +217,8 @@ def _problems(s: Settings) -> list[str]:
                  "restore_timeout_s"):
         if getattr(s, name) <= 0:
             out.append(f"{name} must be > 0")
+    if s.sample_interval_s < 0:
+        out.append("sample_interval_s must be >= 0 (0 = no queue sampling)")
     if s.frontier_lag_bound < 0:
         out.append("frontier_lag_bound must be >= 0 (0 = unbounded)")
     if s.fleet_rate_cap < 0:

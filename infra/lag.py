@@ -26,6 +26,14 @@ class LagProbe:
 
     def lag(self, group: str, topics: list[str], partitions: int) -> int:
         """Records not yet committed by ``group`` (transaction markers count as one each)."""
+        positions = self.positions(group, topics, partitions)
+        if positions is None:
+            return -1
+        return sum(max(0, high - start) for start, high in positions.values())
+
+    def positions(self, group: str, topics: list[str],
+                  partitions: int) -> dict[tuple[str, int], tuple[int, int]] | None:
+        """(next offset ``group`` reads, end offset) per partition; None if unavailable."""
         c = self._consumers.get(group)
         if c is None:
             c = self._consumers[group] = Consumer({**self._settings.kafka_common(),
@@ -39,15 +47,13 @@ class LagProbe:
             unset = {(tp.topic, tp.partition) for tp in committed if tp.offset < 0}
             low = self._offsets(unset, OffsetSpec.earliest()) if unset else {}  # type: ignore[no-untyped-call]
         except KafkaException:
-            return -1
-        total = 0
+            return None
+        out: dict[tuple[str, int], tuple[int, int]] = {}
         for tp in committed:
             key = (tp.topic, tp.partition)
-            if key not in high:
-                continue
-            start = tp.offset if tp.offset >= 0 else low.get(key, 0)
-            total += max(0, high[key] - start)
-        return total
+            if key in high:
+                out[key] = (tp.offset if tp.offset >= 0 else low.get(key, 0), high[key])
+        return out
 
     def stage_lags(self, topology: Topology) -> dict[str, int]:
         """Queue depth of every stage (its group's lag on its inputs), by stage name."""

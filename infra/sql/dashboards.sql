@@ -18,11 +18,11 @@ FROM dead_letters FINAL GROUP BY reason ORDER BY dead_letters DESC;
 
 CREATE VIEW IF NOT EXISTS dash_worker_success AS
 SELECT worker, fetcher_version, code_revision, count() AS attempts,
-       round(countIf(outcome = 'ok') / count(), 4) AS success_rate
+       round(countIf(outcome = 'ok' AND status BETWEEN 200 AND 399) / count(), 4) AS success_rate
 FROM fetch_events FINAL GROUP BY worker, fetcher_version, code_revision ORDER BY worker;
 
 CREATE VIEW IF NOT EXISTS dash_version_success AS
 SELECT fetcher_version, http_version, tls_version, profile_bundle_version, code_revision,
-       count() AS attempts, round(countIf(outcome = 'ok') / count(), 4) AS success_rate
+       count() AS attempts, round(countIf(outcome = 'ok' AND status BETWEEN 200 AND 399) / count(), 4) AS success_rate
 FROM fetch_events FINAL
 GROUP BY fetcher_version, http_version, tls_version, profile_bundle_version, code_revision;

@@ -60,6 +60,23 @@ CREATE TABLE IF NOT EXISTS dead_letters (
 ORDER BY event_id
 SETTINGS non_replicated_deduplication_window = 10000;
 
+-- Queue depth over time, one row per (stage, input topic) and sample bucket, written by the
+-- store worker's sampler (consumers/sampler.py).
+CREATE TABLE IF NOT EXISTS queue_samples (
+    ts             DateTime64(3, 'UTC'),
+    stage          LowCardinality(String),
+    topic          LowCardinality(String),
+    lag            UInt64,
+    consumed       UInt64,
+    rate_per_s     Float64,
+    behind         UInt16,
+    oldest_age_s   Float64,
+    sampler        LowCardinality(String)
+) ENGINE = ReplacingMergeTree
+ORDER BY (stage, topic, ts)
+TTL toDateTime(ts) + INTERVAL 30 DAY
+SETTINGS non_replicated_deduplication_window = 10000;
+
 CREATE VIEW IF NOT EXISTS pages_v AS SELECT * FROM pages FINAL;
 CREATE VIEW IF NOT EXISTS fetch_events_v AS SELECT * FROM fetch_events FINAL;
 CREATE VIEW IF NOT EXISTS dead_letters_v AS SELECT * FROM dead_letters FINAL;

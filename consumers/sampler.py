@@ -1,0 +1,159 @@
+"""Queue depth over time: the store stage samples every stage's lag into ClickHouse.
+
+Every ``sample_interval_s`` the store worker writes one row per (stage, input topic) into
+``queue_samples``: the records the stage's group has not committed yet (lag), how many it has
+consumed (the sum of its committed offsets, whose rate is the stage's throughput), the
+partitions behind, and the age of the oldest record still waiting (read at the group's
+committed offset of each lagging partition). "Queue depth over time" is then a query
+(``infra/sql/views/queue_depth.sql``), not a screen.
+
+Rows are keyed by the sample's time bucket, so two store workers sampling the same interval
+(a ClickHouse server with several) collapse to one row per bucket.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from crawlfleet.config import Settings
+from infra.clickhouse import Store
+from infra.kafka_io import topology_of
+from infra.lag import LagProbe
+from schemas.topics import STAGES
+
+log = logging.getLogger("crawlfleet.sampler")
+
+SAMPLE_COLUMNS = ("ts", "stage", "topic", "lag", "consumed", "rate_per_s", "behind",
+                  "oldest_age_s", "sampler")
+
+
+@dataclass(frozen=True)
+class Sample:
+    stage: str
+    topic: str
+    lag: int
+    consumed: int
+    behind: int
+    oldest_ms: int | None  # broker timestamp of the oldest waiting record
+
+
+def rates(previous: dict[tuple[str, str], tuple[float, int]],
+          samples: list[Sample], now: float) -> dict[tuple[str, str], float]:
+    """Records consumed per second per (stage, topic) since the previous sample (pure)."""
+    out: dict[tuple[str, str], float] = {}
+    for s in samples:
+        before = previous.get((s.stage, s.topic))
+        if before is not None and now > before[0] and s.consumed >= before[1]:
+            out[(s.stage, s.topic)] = (s.consumed - before[1]) / (now - before[0])
+        else:
+            out[(s.stage, s.topic)] = 0.0
+    return out
+
+
+class QueueSampler:
+    """Samples queue depth on a thread of its own and writes it through ``store``."""
+
+    def __init__(self, settings: Settings, store: Store, worker: str) -> None:
+        self.s = settings
+        self.store = store
+        self.worker = worker
+        self.topo = topology_of(settings)
+        self.interval = settings.sample_interval_s
+        self._probe = LagProbe(settings)
+        self._reader: Consumer | None = None
+        self._previous: dict[tuple[str, str], tuple[float, int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="queue-sampler", daemon=True)
+
+    def start(self) -> None:
+        if self.interval > 0:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        self._probe.close()
+        if self._reader is not None:
+            self._reader.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._delay()):
+            try:
+                self.write(self.sample(), time.time())
+            except Exception:  # a sample is lost, the store stage goes on
+                log.exception("queue sample failed")
+
+    def _delay(self) -> float:
+        """Until the next bucket boundary, so samples line up across workers."""
+        return self.interval - (time.time() % self.interval)
+
+    def sample(self) -> list[Sample]:
+        out: list[Sample] = []
+        for stage in STAGES:
+            group = self.topo.group(stage)
+            positions = self._probe.positions(group, self.topo.inputs(stage),
+                                              self.topo.partitions)
+            if positions is None:
+                continue
+            for topic in self.topo.inputs(stage):
+                mine = {tp: v for tp, v in positions.items() if tp[0] == topic}
+                behind = {tp: start for tp, (start, high) in mine.items() if high > start}
+                out.append(Sample(stage, topic,
+                                  lag=sum(max(0, h - s) for s, h in mine.values()),
+                                  consumed=sum(s for s, _ in mine.values()),
+                                  behind=len(behind), oldest_ms=self._oldest(behind)))
+        return out
+
+    def _oldest(self, behind: dict[tuple[str, int], int]) -> int | None:
+        """Broker timestamp of the oldest record waiting at the given committed offsets."""
+        if not behind:
+            return None
+        if self._reader is None:
+            self._reader = Consumer({**self.s.kafka_common(), "group.id": "crawlfleet-sampler",
+                                     "enable.auto.commit": False,
+                                     "isolation.level": "read_committed",
+                                     "fetch.wait.max.ms": 10})
+        oldest: int | None = None
+        try:
+            self._reader.assign([TopicPartition(t, p, o) for (t, p), o in behind.items()])
+            todo = set(behind)
+            deadline = time.monotonic() + 2.0
+            while todo and time.monotonic() < deadline:
+                msg = self._reader.poll(0.2)
+                if msg is None or msg.error() is not None:
+                    continue
+                key = (msg.topic(), msg.partition())
+                if key not in todo:
+                    continue
+                todo.discard(key)
+                ts = msg.timestamp()[1]
+                if ts > 0 and (oldest is None or ts < oldest):
+                    oldest = ts
+        except KafkaException as exc:
+            log.warning("oldest-task read failed: %s", exc)
+        finally:
+            self._reader.unassign()
+        return oldest
+
+    def write(self, samples: list[Sample], now: float) -> None:
+        if not samples:
+            return
+        bucket = now - (now % self.interval) if self.interval > 0 else now
+        per_s = rates(self._previous, samples, now)
+        self._previous = {(s.stage, s.topic): (now, s.consumed) for s in samples}
+        ts = datetime.fromtimestamp(bucket, UTC)
+        rows: list[Sequence[Any]] = [
+            (ts, s.stage, s.topic, s.lag, s.consumed, round(per_s[(s.stage, s.topic)], 3),
+             s.behind, round(max(0.0, now - s.oldest_ms / 1000.0), 3)
+             if s.oldest_ms is not None else 0.0, self.worker)
+            for s in samples]
+        self.store.insert("queue_samples", SAMPLE_COLUMNS, rows, f"queue_samples|{bucket:.0f}")
