@@ -419,6 +419,43 @@ def sql_cmd(query: Annotated[str | None, typer.Argument(
         console.print(t)
 
 
+@app.command("top")
+def top_cmd(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
+            topic_prefix: PrefixOpt = None, clickhouse: ClickhouseOpt = None,
+            data_dir: DataDirOpt = None,
+            refresh: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 2.0,
+            once: Annotated[bool, typer.Option(
+                "--once", help="Print one snapshot and exit.")] = False) -> None:
+    """A live view of the whole fleet: queues and their trend, throughput, workers and their
+    versions, block rate, dead letters, paused targets."""
+    import time as _time
+
+    from rich.live import Live
+
+    from crawlfleet.top import FleetView, render
+    try:
+        s = _control_settings(config, bootstrap, topic_prefix)
+        s = _settings(config, bootstrap=s.bootstrap_servers, topic_prefix=topic_prefix,
+                      clickhouse=clickhouse, data_dir=data_dir)
+        view = FleetView(s)
+    except CrawlfleetError as exc:
+        _fail(exc)
+        return
+    try:
+        if once or not console.is_terminal:
+            console.print(render(view.snapshot()))
+            return
+        with Live(render(view.snapshot()), console=console, screen=True,
+                  auto_refresh=False) as live:
+            while True:
+                _time.sleep(refresh)
+                live.update(render(view.snapshot()), refresh=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        view.close()
+
+
 # --- demo ----------------------------------------------------------------------------------
 
 

@@ -1,0 +1,195 @@
+"""``crawlfleet top``: a live view of the whole fleet, from any host that reaches Kafka.
+
+Everything it shows comes from the shared systems, never from a worker's local files: queue
+depth and throughput from the consumer groups' committed offsets (Kafka), workers from the
+groups' members (their client id is the worker id), settings in force from ``crawl.control``
+(paused fleet and targets, live caps), and what requests did (success, block rate, dead letters,
+versions per worker) from the store over the last few minutes. A source that is unreachable is
+shown as such; the rest of the view still works.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from crawlfleet.config import Settings
+from crawlfleet.errors import CrawlfleetError
+from infra.clickhouse import run_query
+from infra.kafka_io import topology_of
+from infra.lag import LagProbe
+from producers.control import ControlReader
+from schemas.codec import default_codec
+from schemas.topics import STAGES
+
+SPARKS = "▁▂▃▄▅▆▇█"
+HISTORY = 30
+#: The store is asked about this recent window.
+RECENT_S = 300
+
+
+def sparkline(values: list[int]) -> str:
+    """Values scaled to block characters (all-zero: the lowest bar)."""
+    if not values:
+        return ""
+    top = max(values)
+    if top <= 0:
+        return SPARKS[0] * len(values)
+    return "".join(SPARKS[min(len(SPARKS) - 1, round(v / top * (len(SPARKS) - 1)))]
+                   for v in values)
+
+
+@dataclass
+class StageView:
+    lag: int
+    rate: float  # records consumed per second since the previous refresh
+    members: list[str]
+    trend: list[int]
+
+
+@dataclass
+class Snapshot:
+    at: float
+    stages: dict[str, StageView]
+    paused: bool
+    paused_targets: list[str]
+    caps: dict[str, float]
+    workers: list[dict[str, Any]] = field(default_factory=list)  # per fetch worker, from store
+    targets: list[dict[str, Any]] = field(default_factory=list)  # worst targets, from store
+    dead: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+class FleetView:
+    """Collects snapshots; keeps a short history of each stage's lag for the trend."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.s = settings
+        self.topo = topology_of(settings)
+        self.probe = LagProbe(settings)
+        self.admin = AdminClient(settings.kafka_common())
+        self.control = ControlReader(settings, self.topo.control, default_codec())
+        self.history: dict[str, deque[int]] = {st: deque(maxlen=HISTORY) for st in STAGES}
+        self._consumed: dict[str, tuple[float, int]] = {}
+
+    def snapshot(self) -> Snapshot:
+        now = time.monotonic()
+        notes: list[str] = []
+        self.control.catch_up(5.0)
+        stages: dict[str, StageView] = {}
+        members = self._members(notes)
+        for stage in STAGES:
+            pos = self.probe.positions(self.topo.group(stage), self.topo.inputs(stage),
+                                       self.topo.partitions)
+            if pos is None:
+                notes.append(f"{stage}: offsets unavailable")
+                continue
+            lag = sum(max(0, high - start) for start, high in pos.values())
+            consumed = sum(start for start, _ in pos.values())
+            before = self._consumed.get(stage)
+            rate = (consumed - before[1]) / (now - before[0]) \
+                if before is not None and now > before[0] and consumed >= before[1] else 0.0
+            self._consumed[stage] = (now, consumed)
+            self.history[stage].append(lag)
+            stages[stage] = StageView(lag, rate, members.get(stage, []),
+                                      list(self.history[stage]))
+        state = self.control.state
+        snap = Snapshot(time.time(), stages, state.paused, sorted(state.paused_targets),
+                        dict(state.caps), notes=notes)
+        self._from_store(snap)
+        return snap
+
+    def _members(self, notes: list[str]) -> dict[str, list[str]]:
+        groups = {self.topo.group(st): st for st in STAGES}
+        out: dict[str, list[str]] = {}
+        try:
+            futures = self.admin.describe_consumer_groups(list(groups), request_timeout=5)
+            for group, fut in futures.items():
+                try:
+                    desc = fut.result()
+                except KafkaException:
+                    continue
+                out[groups[group]] = sorted(m.client_id for m in desc.members)
+        except KafkaException as exc:
+            notes.append(f"groups unavailable: {exc}")
+        return out
+
+    def _from_store(self, snap: Snapshot) -> None:
+        window = f"ts >= now64(3) - INTERVAL {RECENT_S} SECOND"
+        ok = "outcome = 'ok' AND status BETWEEN 200 AND 399"
+        try:
+            cols, rows = run_query(self.s, (
+                f"SELECT worker, any(code_revision) AS code, any(fetcher_version) AS fetcher, "  # noqa: S608
+                f"uniqExact(event_id) AS requests, round(uniqExactIf(event_id, {ok}) / "
+                f"requests, 3) AS success, uniqExactIf(event_id, outcome = 'blocked') AS blocked "
+                f"FROM fetch_events WHERE {window} GROUP BY worker ORDER BY worker"))
+            snap.workers = [dict(zip(cols, r, strict=True)) for r in rows]
+            cols, rows = run_query(self.s, (
+                f"SELECT target, uniqExact(event_id) AS requests, round(uniqExactIf(event_id, "  # noqa: S608
+                f"outcome = 'blocked') / requests, 3) AS block_rate, round(uniqExactIf(event_id, "
+                f"outcome = 'retry') / requests, 3) AS retry_rate FROM fetch_events "
+                f"WHERE {window} GROUP BY target ORDER BY block_rate DESC, retry_rate DESC, "
+                f"requests DESC LIMIT 8"))
+            snap.targets = [dict(zip(cols, r, strict=True)) for r in rows]
+            _, rows = run_query(self.s, (
+                "SELECT reason, uniqExact(event_id) FROM dead_letters "  # noqa: S608
+                f"WHERE failed_at >= now64(3) - INTERVAL {RECENT_S} SECOND GROUP BY reason "
+                "ORDER BY 2 DESC"))
+            snap.dead = {str(r): int(n) for r, n in rows}
+        except CrawlfleetError as exc:
+            snap.notes.append(f"store unavailable: {str(exc).splitlines()[0][:120]}")
+
+    def close(self) -> None:
+        self.probe.close()
+        self.control.close()
+
+
+def render(snap: Snapshot) -> RenderableType:
+    parts: list[RenderableType] = []
+    state = "[red]PAUSED[/red]" if snap.paused else "[green]running[/green]"
+    head = Text.from_markup(f"crawlfleet top — fleet {state} — "
+                            f"{time.strftime('%H:%M:%S', time.localtime(snap.at))}")
+    parts.append(head)
+    st = Table(title="stages", title_justify="left")
+    for col in ("stage", "lag", "trend", "records/s", "workers"):
+        st.add_column(col, justify="right" if col in ("lag", "records/s") else "left")
+    for name in STAGES:
+        v = snap.stages.get(name)
+        if v is None:
+            st.add_row(name, "?", "", "", "")
+            continue
+        st.add_row(name, str(v.lag), sparkline(v.trend), f"{v.rate:.1f}",
+                   f"{len(v.members)}: {', '.join(v.members)}")
+    parts.append(st)
+    if snap.workers:
+        wt = Table(title=f"fetch workers (last {RECENT_S // 60} min)", title_justify="left")
+        for col in ("worker", "code", "fetcher", "requests", "success", "blocked"):
+            wt.add_column(col)
+        for w in snap.workers:
+            wt.add_row(*(str(w[c]) for c in ("worker", "code", "fetcher", "requests",
+                                              "success", "blocked")))
+        parts.append(wt)
+    if snap.targets:
+        tt = Table(title="targets pushing back", title_justify="left")
+        for col in ("target", "requests", "block_rate", "retry_rate"):
+            tt.add_column(col)
+        for t in snap.targets:
+            tt.add_row(*(str(t[c]) for c in ("target", "requests", "block_rate", "retry_rate")))
+        parts.append(tt)
+    dead = ", ".join(f"{r} {n}" for r, n in snap.dead.items()) or "none"
+    parts.append(Text(f"dead letters (last {RECENT_S // 60} min): {dead}"))
+    paused = ", ".join(snap.paused_targets) or "none"
+    caps = ", ".join(f"{t}={c:g}/s" for t, c in sorted(snap.caps.items())) or "none"
+    parts.append(Text(f"paused targets: {paused}   live caps: {caps}"))
+    parts.append(Text("quarantined: none (quarantine arrives with crawl identities)"))
+    for note in snap.notes:
+        parts.append(Text(f"note: {note}", style="yellow"))
+    return Group(*parts)
