@@ -502,6 +502,7 @@ def dlq_replay(reason: ReasonOpt = None, target: TargetOpt = None, since: SinceO
 @app.command("trace")
 def trace_cmd(url: Annotated[str, typer.Argument(help="The URL to follow.")],
               profile: Annotated[str | None, typer.Option(help="Crawl profile.")] = None,
+              format: Annotated[str, typer.Option(help="table | tsv")] = "table",
               config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
               data_dir: DataDirOpt = None) -> None:
     """Where a URL went, when, on which worker and version (redirect hops followed)."""
@@ -512,7 +513,11 @@ def trace_cmd(url: Annotated[str, typer.Argument(help="The URL to follow.")],
     except CrawlfleetError as exc:
         _fail(exc)
         return
-    _print_rows(trace.COLUMNS, [e.row() for e in events])
+    if format == "tsv":
+        for row in (trace.COLUMNS, *(e.row() for e in events)):
+            sys.stdout.write("\t".join(row) + "\n")
+    else:
+        _print_rows(trace.COLUMNS, [e.row() for e in events])
 
 
 # --- demo ----------------------------------------------------------------------------------

@@ -107,14 +107,15 @@ def trace(settings: Settings, url: str, profile: str | None = None,
           max_hops: int = 10) -> list[Event]:
     """The events of ``url`` and of every redirect hop from it, in time order."""
     profile = profile or settings.default_profile
-    todo, done = [canonicalize(url)], set[str]()
+    todo, hops = [canonicalize(url)], dict[str, int]()  # URL → its hop number
     events: list[Event] = []
-    while todo and len(done) <= max_hops:
+    while todo and len(hops) <= max_hops:
         u = todo.pop(0)
-        if u in done:
+        if u in hops:
             continue
-        done.add(u)
+        hops[u] = len(hops)
         events += events_of(settings, u, profile)
         todo += redirect_targets(settings, u, profile)
-    events.sort(key=lambda e: (e.ts, _RANK.get(e.event, 9)))
+    # In one millisecond, a redirect's answer comes before its target's enqueueing.
+    events.sort(key=lambda e: (e.ts, hops[e.url], _RANK.get(e.event, 9)))
     return events
