@@ -63,7 +63,7 @@ from crawlfleet.errors import (
     KafkaStageError,
     RobotsDisallowedError,
 )
-from crawlfleet.urls import canonicalize, dedupe_key
+from crawlfleet.urls import canonicalize
 from crawlfleet.windows import parse_windows, seconds_until_open
 from infra.kafka_io import (
     Encoder,
@@ -75,6 +75,8 @@ from infra.kafka_io import (
     tp_of,
 )
 from producers.control import ControlReader, backlog_key
+from producers.lineage import DUPLICATE, PARKED, lineage_event
+from producers.replay import job_dedupe_key
 from schemas.topics import partition_for
 
 log = logging.getLogger("crawlfleet.fetch")
@@ -502,10 +504,10 @@ class _Session:
                 self._finish_raw(tp, offset, epoch, [
                     self.enc.dead(job, None, tp[0], exc.reason, str(exc), job["attempt"])])
                 continue
-            pj = Pending(tp, offset, epoch, job, dedupe_key(job["profile"], job["url"]))
+            pj = Pending(tp, offset, epoch, job, job_dedupe_key(job))
             if self.ledger.is_duplicate(pj, self.seen.get):
                 self.status.add("skipped_seen")
-                self.ledger.finish(pj, [], None)
+                self.ledger.finish(pj, [self._duplicate(pj)], None)
                 continue
             target, tier = pj.target, self._tier_of(tp)
             if self.parked.must_park(target, tier) \
@@ -547,9 +549,16 @@ class _Session:
             return
         pj.park_key = park_key(pj.target, self._tier_of(pj.tp), pj.offset)
         change = self.parked.park(pj.tp[1], pj.park_key, pj.job)
-        if not self.ledger.finish(pj, [self.rules.park(pj)], None, [change]):
+        parked = [self.rules.park(pj), lineage_event(self.enc, pj.job, PARKED, "fetch")]
+        if not self.ledger.finish(pj, parked, None, [change]):
             self.parked.aborted([change])
         self.status.add("parked")
+
+    def _duplicate(self, pj: Pending) -> Output:
+        """The lineage event of a job suppressed by its dedupe key (with the state it met)."""
+        state = self.seen.get(pj.tp[1], pj.key)
+        return lineage_event(self.enc, pj.job, DUPLICATE, "fetch",
+                             state[0].lower() if state else "in flight")
 
     def _shed(self, target: str, keep: int) -> None:
         """Move ``target``'s queued jobs beyond its first ``keep`` to disk."""
@@ -586,11 +595,10 @@ class _Session:
             if room <= 0 or (held and room < share // 2):
                 continue  # refill in batches, not one scan per finished job
             for key, job in self.parked.take(part, target, tier, room):
-                pj = Pending(tp, -1, epoch, job, dedupe_key(job["profile"], job["url"]),
-                             park_key=key)
+                pj = Pending(tp, -1, epoch, job, job_dedupe_key(job), park_key=key)
                 if self.ledger.is_duplicate(pj, self.seen.get):
                     self.status.add("skipped_seen")
-                    self._finish(pj, [], None)  # done before: only its entry goes
+                    self._finish(pj, [self._duplicate(pj)], None)  # only its entry goes
                     continue
                 self.ledger.hold(pj)
                 self.sched.push(target, pj, now, tier=pj.tier)

@@ -27,6 +27,8 @@ from crawlfleet.errors import (
 )
 from crawlfleet.urls import resolve_link, target_of
 from infra.kafka_io import Encoder, Output
+from producers.lineage import ENQUEUED, lineage_event
+from producers.replay import without_replay
 from schemas.topics import RETRY_DELAYS_S, Topology
 
 FETCHER_VERSION = f"crawlfleet-fetch/{__version__}"
@@ -108,10 +110,11 @@ class OutcomeRules:
         if reason == "redirect" and to is not None:
             child = {**job, "url": to, "target": target_of(to, s.target_mode), "attempt": 0,
                      "parent_url": job["url"], "last_error": None, "delay_ms": 0,
-                     "meta": {**(job.get("meta") or {}), REDIRECT_HOPS: str(hops + 1)}}
+                     "meta": {**without_replay(job.get("meta")), REDIRECT_HOPS: str(hops + 1)}}
             topic = self.topology.frontier_high if child.get("priority", 0) > 0 \
                 else self.topology.frontier
-            outputs.append(self.enc.job(topic, child))
+            outputs += [lineage_event(self.enc, child, ENQUEUED, "fetch", "redirect", job["url"]),
+                        self.enc.job(topic, child)]
         return Result(outputs, (DONE, job["attempt"]), Signal.OK)
 
     def error(self, pj: Pending, exc: CrawlfleetError, started: float) -> Result:

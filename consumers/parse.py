@@ -8,6 +8,7 @@ target's partition.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -20,6 +21,8 @@ from crawlfleet.errors import CrawlfleetError, InternalError
 from crawlfleet.urls import dedupe_key, target_of
 from infra.kafka_io import Output, job_key, raw_value, tp_of
 from producers.backpressure import FrontierGate
+from producers.lineage import ENQUEUED, lineage_event
+from producers.replay import without_replay
 
 log = logging.getLogger("crawlfleet.parse")
 
@@ -125,11 +128,12 @@ class ParseStage(BatchStage):
             "status": result["status"], "content_type": result["content_type"],
             "title": title, "text": text, "links": links, "body_bytes": len(result["body"]),
             "fetched_at_ms": result["fetched_at_ms"], "fetch_worker": result["worker"],
-            "parse_worker": self.worker})
+            "parse_worker": self.worker, "parsed_at_ms": int(time.time() * 1000)})
 
     def _link_jobs(self, job: dict[str, Any], links: list[str]) -> list[Output]:
         s = self.settings
         out = []
+        meta = without_replay(job.get("meta"))
         for link in links:
             key = dedupe_key(job["profile"], link)
             if self._recent.touch(key):  # followed recently: most of a page's links are repeats
@@ -143,12 +147,13 @@ class ParseStage(BatchStage):
             child = {"url": link, "target": target, "profile": job["profile"],
                      "depth": job["depth"] + 1, "attempt": 0, "parent_url": job["url"],
                      "last_error": None, "priority": job.get("priority", 0),
-                     "meta": job.get("meta") or {}, "delay_ms": 0}
+                     "meta": meta, "delay_ms": 0}
             topic = self.topology.frontier_high if child["priority"] > 0 \
                 else self.topology.frontier
-            out.append(self.encoder.job(topic, child))
-        self.status.add("links", len(out))
-        self._gate.add(len(out))
+            out += [self.encoder.job(topic, child),
+                    lineage_event(self.encoder, child, ENQUEUED, "parse", "link", job["url"])]
+        self.status.add("links", len(out) // 2)
+        self._gate.add(len(out) // 2)
         return out
 
 

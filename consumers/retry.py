@@ -41,6 +41,7 @@ from consumers.restorer import Restored, Restorer
 from consumers.state_store import META, StateStore
 from crawlfleet.errors import DecodeError
 from infra.kafka_io import Output, offset_of, producer_conf, tp_of
+from producers.lineage import RELEASED, lineage_event
 from schemas.topics import HEADER_SCHEMA, RETRY_DELAYS_S
 
 log = logging.getLogger("crawlfleet.retry")
@@ -103,7 +104,7 @@ class RetryStage(BatchStage):
                               self.clock.now_ms(time.monotonic_ns()))
         if key is None:
             self.status.add("forwarded")
-            return [self._to_frontier(job)]
+            return self._to_frontier(job)
         out = self.encoder.record(self.topology.timers, job["target"], key, job)
         if out.partition != part:  # a record on a partition its target does not hash to
             out = Output(out.topic, part, out.key, out.value, out.headers)
@@ -113,10 +114,12 @@ class RetryStage(BatchStage):
         self.status.add("timers_set")
         return [out]
 
-    def _to_frontier(self, job: dict[str, Any]) -> Output:
+    def _to_frontier(self, job: dict[str, Any]) -> list[Output]:
+        """The job back on the frontier, and its lineage event (released, with its reason)."""
         topic = self.topology.frontier_high if job.get("priority", 0) > 0 \
             else self.topology.frontier
-        return self.encoder.job(topic, {**job, "delay_ms": 0})
+        return [self.encoder.job(topic, {**job, "delay_ms": 0}),
+                lineage_event(self.encoder, job, RELEASED, "retry", job.get("last_error") or "")]
 
     # --- firing ---------------------------------------------------------------------------
 
@@ -129,18 +132,21 @@ class RetryStage(BatchStage):
             return []
         fenced = {p for _, p in self._committed}  # the commit can carry their offsets
         out: list[Output] = []
+        lineage: list[Output] = []
         for part in sorted(self._counts):
             if len(out) >= 2 * FIRE_BATCH:
                 break
             if part not in fenced or not self._counts[part]:
                 continue
             for key, raw in self._due(part, now, FIRE_BATCH - len(out) // 2):
-                out.append(self._fired(key, raw))
+                fired = self._fired(key, raw)
+                out.append(fired[0])
+                lineage += fired[1:]
                 out.append(Output(self.topology.timers, part, key, None, []))
                 self._pending[part].append((key, None))
         if out:
             self.status.add("fired", len(out) // 2)
-        return out
+        return out + lineage
 
     def _due(self, part: int, now_ms: int, limit: int) -> list[tuple[bytes, bytes]]:
         """The partition's leading timers due at ``now_ms`` (at most ``limit``)."""
@@ -155,12 +161,13 @@ class RetryStage(BatchStage):
             start = page[-1][0] + b"\x00"
         return got
 
-    def _fired(self, key: bytes, raw: bytes) -> Output:
+    def _fired(self, key: bytes, raw: bytes) -> list[Output]:
         fingerprint, payload = timers.decode_value(raw)
         try:
             job = self.encoder.codec.decode("CrawlJob", payload, [(HEADER_SCHEMA, fingerprint)])
         except DecodeError as exc:  # restore checked it; only a schema removal gets here
-            return self.encoder.dead(None, payload, self.topology.timers, exc.reason, str(exc), 1)
+            return [self.encoder.dead(None, payload, self.topology.timers, exc.reason, str(exc),
+                                      1)]
         return self._to_frontier(job)
 
     def committed(self) -> None:

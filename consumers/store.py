@@ -1,18 +1,20 @@
-"""Store stage: parsed pages, telemetry and dead letters → ClickHouse, idempotently.
+"""Store stage: parsed pages, telemetry, dead letters and lineage → ClickHouse, idempotently.
 
 Each batch is inserted with an ``insert_deduplication_token`` derived from the input
 offset ranges, and offsets are committed only after the insert returns. A crash between
 the two replays the batch: the same token is dropped by ClickHouse, and a differently cut
 batch collapses in the ReplacingMergeTree (readers use FINAL views).
 
-A crawl.parsed or crawl.telemetry record the store cannot read (or whose values its table
-cannot hold) becomes a dead letter in crawl.dead, like every other stage's, before the
-batch's offsets are committed; its row is written when the store reads it back, under the
-record's own ``topic:partition:offset``, so a replayed batch's second copy collapses.
+A crawl.parsed, crawl.telemetry or crawl.lineage record the store cannot read (or whose
+values its table cannot hold) becomes a dead letter in crawl.dead, like every other stage's,
+before the batch's offsets are committed; its row is written when the store reads it back,
+under the record's own ``topic:partition:offset``, so a replayed batch's second copy
+collapses.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -35,7 +37,14 @@ from consumers.runtime import StatusFile, StopFlag, worker_name
 from consumers.sampler import QueueSampler
 from crawlfleet.config import Settings
 from crawlfleet.errors import DecodeError, KafkaStageError
-from infra.clickhouse import DEAD_COLUMNS, EVENT_COLUMNS, PAGE_COLUMNS, QueryServer, Store
+from infra.clickhouse import (
+    DEAD_COLUMNS,
+    EVENT_COLUMNS,
+    LINEAGE_COLUMNS,
+    PAGE_COLUMNS,
+    QueryServer,
+    Store,
+)
 from infra.kafka_io import (
     Encoder,
     Output,
@@ -61,7 +70,7 @@ def page_row(p: dict[str, Any]) -> tuple[Any, ...]:
     return (p["dedupe_key"], p["url"], p["final_url"], p["target"], p["profile"],
             min(p["depth"], 65535), p["status"], p["content_type"], p["title"], p["text"],
             p["links"], p["body_bytes"], _fetched_at(p["fetched_at_ms"]), p["fetch_worker"],
-            p["parse_worker"])
+            p["parse_worker"], _fetched_at(p.get("parsed_at_ms", 0)))
 
 
 def _fetched_at(v: Any) -> datetime:
@@ -76,11 +85,20 @@ def event_row(event_id: str, e: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def dead_row(event_id: str, d: dict[str, Any]) -> tuple[Any, ...]:
+    """The whole dead letter: the raw record's every byte (hex) and its job as JSON, from
+    which ``crawlfleet dlq replay`` rebuilds it."""
     job = d.get("job") or {}
     raw = d.get("raw")
     return (event_id, _fetched_at(d["failed_at_ms"]), job.get("url", ""), job.get("target", ""),
             job.get("profile", ""), d["source_topic"], d["reason"], d["error"], d["attempts"],
-            d["worker"], d["version"], raw.hex()[:4096] if raw else "")
+            d["worker"], d["version"], raw.hex() if raw else "",
+            json.dumps(job, sort_keys=True) if job else "")
+
+
+def lineage_row(event_id: str, e: dict[str, Any]) -> tuple[Any, ...]:
+    return (event_id, _fetched_at(e["ts_ms"]), e["dedupe_key"], e["url"], e["target"],
+            e["profile"], e["state"], e["attempt"], e["parent_url"] or "", e["detail"],
+            e["stage"], e["worker"], e["version"])
 
 
 #: The tables' unsigned columns (UInt16/UInt32) by position, with their largest value. A
@@ -91,7 +109,7 @@ _UINT_MAX = {"depth": 0xFFFF, "status": 0xFFFF, "attempt": 0xFFFF, "attempts": 0
 _UINT_COLUMNS: dict[str, tuple[tuple[int, str, int], ...]] = {
     table: tuple((i, c, _UINT_MAX[c]) for i, c in enumerate(cols) if c in _UINT_MAX)
     for table, cols in (("pages", PAGE_COLUMNS), ("fetch_events", EVENT_COLUMNS),
-                        ("dead_letters", DEAD_COLUMNS))}
+                        ("dead_letters", DEAD_COLUMNS), ("lineage", LINEAGE_COLUMNS))}
 
 
 def fits(table: str, row: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -214,7 +232,7 @@ class StoreStage:
 
     def _write(self, batch: list[Message]) -> dict[tuple[str, int], int]:
         rows: dict[str, list[Sequence[Any]]] = {"pages": [], "fetch_events": [],
-                                                  "dead_letters": []}
+                                                  "dead_letters": [], "lineage": []}
         ranges: dict[tuple[str, int], list[int]] = {}
         dead: list[Output] = []
         for msg in batch:
@@ -228,7 +246,7 @@ class StoreStage:
                 if topic == self.topology.dead:  # already in crawl.dead, as it came
                     rows["dead_letters"].append((event_id, datetime.now(UTC), "", "", "",
                                                  topic, exc.reason, str(exc), 1, self.worker,
-                                                 "", (raw_value(msg) or b"").hex()[:4096]))
+                                                 "", (raw_value(msg) or b"").hex(), ""))
                 else:
                     dead.append(self._undecodable(msg, event_id, exc))
         if dead:
@@ -238,7 +256,8 @@ class StoreStage:
         token = ",".join(f"{t}:{p}:{a}-{b}" for (t, p), (a, b) in sorted(ranges.items()))
         columns: dict[str, Sequence[str]] = {"pages": PAGE_COLUMNS,
                                              "fetch_events": EVENT_COLUMNS,
-                                             "dead_letters": DEAD_COLUMNS}
+                                             "dead_letters": DEAD_COLUMNS,
+                                             "lineage": LINEAGE_COLUMNS}
         for table, table_rows in rows.items():
             self.store.insert(table, columns[table], table_rows, f"{table}|{token}")
             self.status.add(f"stored_{table}", len(table_rows))
@@ -252,6 +271,8 @@ class StoreStage:
             rows["pages"].append(fits("pages", page_row(record)))
         elif topic == self.topology.telemetry:
             rows["fetch_events"].append(fits("fetch_events", event_row(event_id, record)))
+        elif topic == self.topology.lineage:
+            rows["lineage"].append(fits("lineage", lineage_row(event_id, record)))
         else:
             key = msg.key() or b""
             key = key.encode() if isinstance(key, str) else key

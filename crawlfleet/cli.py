@@ -20,8 +20,10 @@ app = typer.Typer(help="crawlfleet: a polite, fault-tolerant, distributed crawle
 kafka_app = typer.Typer(help="Run a local Apache Kafka (KRaft) from Maven Central jars.",
                         no_args_is_help=True)
 topics_app = typer.Typer(help="Provision the crawl topics.", no_args_is_help=True)
+dlq_app = typer.Typer(help="Dead letters: list, show, replay.", no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(topics_app, name="topics")
+app.add_typer(dlq_app, name="dlq")
 #: Piped output is plain and complete: no terminal width to cut tables to, no live redraws.
 console = Console() if sys.stdout.isatty() else Console(width=100_000, soft_wrap=True)
 err_console = Console(stderr=True) if sys.stderr.isatty() else \
@@ -454,6 +456,105 @@ def top_cmd(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
         pass
     finally:
         view.close()
+
+
+# --- dead letters and lineage ----------------------------------------------------------------
+
+ReasonOpt = Annotated[str | None, typer.Option("--reason", help="Only this reason class.")]
+SinceOpt = Annotated[str | None, typer.Option(
+    "--since", help="Only dead letters of the last DURATION (90s, 15m, 2h, 1d).")]
+
+
+def _dlq_filters(reason: str | None, target: str | None, since: str | None) -> Any:
+    from crawlfleet import dlq
+    return dlq.Filters(reason, target, dlq.parse_duration(since) if since else None)
+
+
+def _print_rows(cols: Any, rows: Any) -> None:
+    t = Table(*cols)
+    for r in rows:
+        t.add_row(*(str(v) for v in r))
+    console.print(t)
+
+
+@dlq_app.command("list")
+def dlq_list(reason: ReasonOpt = None, target: TargetOpt = None, since: SinceOpt = None,
+             limit: Annotated[int, typer.Option(help="At most this many (0: all).")] = 200,
+             config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
+             data_dir: DataDirOpt = None) -> None:
+    """Dead letters, oldest first, with the id `dlq show` takes."""
+    from crawlfleet import dlq
+    try:
+        s = _settings(config, clickhouse=clickhouse, data_dir=data_dir)
+        cols, rows = dlq.list_dead(s, _dlq_filters(reason, target, since), limit or None)
+    except CrawlfleetError as exc:
+        _fail(exc)
+        return
+    _print_rows(cols, rows)
+
+
+@dlq_app.command("show")
+def dlq_show(event_id: Annotated[str, typer.Argument(help="Id from `dlq list`.")],
+             config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
+             data_dir: DataDirOpt = None) -> None:
+    """One dead letter, whole: its job, full error, attempts, worker and version tuple."""
+    import json as _json
+
+    from crawlfleet import dlq
+    try:
+        record = dlq.show(_settings(config, clickhouse=clickhouse, data_dir=data_dir), event_id)
+    except CrawlfleetError as exc:
+        _fail(exc)
+        return
+    console.print_json(_json.dumps(record, default=str))
+
+
+@dlq_app.command("replay")
+def dlq_replay(reason: ReasonOpt = None, target: TargetOpt = None, since: SinceOpt = None,
+               dry_run: Annotated[bool, typer.Option("--dry-run",
+                                                     help="Show what would go.")] = False,
+               config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
+               topic_prefix: PrefixOpt = None, clickhouse: ClickhouseOpt = None,
+               data_dir: DataDirOpt = None) -> None:
+    """Put the selected dead jobs back on the frontier: fresh attempts, a replay mark, the
+    normal robots, cap and dedupe path. Replaying the same selection again is a no-op."""
+    from crawlfleet import dlq
+    try:
+        s = _settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix,
+                      clickhouse=clickhouse, data_dir=data_dir)
+        filters = _dlq_filters(reason, target, since)
+        plan, report = dlq.replay(s if dry_run else _on_cluster(s), filters, dry_run)
+    except CrawlfleetError as exc:
+        _fail(exc)
+        return
+    for job, dead_id in zip(plan.jobs, plan.ids, strict=True):
+        console.print(f"{'would replay' if dry_run else 'replayed'} {dead_id} {job['url']}")
+    console.print(f"{len(plan.jobs)} {'to replay' if dry_run else 'replayed'}, "
+                  f"{plan.superseded} older dead letters of the same pages, "
+                  f"{plan.unreplayable} without a job (undecodable records)")
+    if report is not None and report.waited_s:
+        console.print(f"waited {report.waited_s:.1f}s on the frontier bound")
+
+
+@app.command("trace")
+def trace_cmd(url: Annotated[str, typer.Argument(help="The URL to follow.")],
+              profile: Annotated[str | None, typer.Option(help="Crawl profile.")] = None,
+              format: Annotated[str, typer.Option(help="table | tsv")] = "table",
+              config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
+              data_dir: DataDirOpt = None) -> None:
+    """Where a URL went, when, on which worker and version (redirect hops followed)."""
+    from crawlfleet import trace
+    try:
+        events = trace.trace(_settings(config, clickhouse=clickhouse, data_dir=data_dir), url,
+                             profile)
+    except CrawlfleetError as exc:
+        _fail(exc)
+        return
+    if format == "tsv":
+        for row in (trace.COLUMNS, *(e.row() for e in events)):
+            sys.stdout.write("\t".join(row) + "\n")
+    else:
+        _print_rows(trace.COLUMNS, [e.row() for e in events])
 
 
 # --- demo ----------------------------------------------------------------------------------

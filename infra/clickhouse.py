@@ -30,12 +30,14 @@ PORT_FILE = "query.port"
 
 PAGE_COLUMNS = ("dedupe_key", "url", "final_url", "target", "profile", "depth", "status",
                 "content_type", "title", "text", "links", "body_bytes", "fetched_at",
-                "fetch_worker", "parse_worker")
+                "fetch_worker", "parse_worker", "parsed_at")
 EVENT_COLUMNS = ("event_id", "ts", "url", "target", "profile", "attempt", "status", "outcome",
                  "reason", "elapsed_ms", "bytes", "worker", "fetcher_version", "http_version",
                  "tls_version", "profile_bundle_version", "code_revision")
 DEAD_COLUMNS = ("event_id", "failed_at", "url", "target", "profile", "source_topic", "reason",
-                "error", "attempts", "worker", "version", "raw")
+                "error", "attempts", "worker", "version", "raw", "job")
+LINEAGE_COLUMNS = ("event_id", "ts", "dedupe_key", "url", "target", "profile", "state",
+                   "attempt", "parent_url", "detail", "stage", "worker", "version")
 
 
 class Store:

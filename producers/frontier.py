@@ -20,6 +20,7 @@ from crawlfleet.errors import CrawlfleetError, InvalidURLError, KafkaStageError
 from crawlfleet.urls import canonicalize, dedupe_key, target_of
 from infra.kafka_io import Encoder, producer_conf, topology_of
 from producers.backpressure import FrontierGate
+from producers.lineage import ENQUEUED, lineage_event
 
 
 @dataclass
@@ -100,15 +101,16 @@ def publish(lines: Iterable[str], settings: Settings) -> PublishReport:
                 producer.flush(30)
                 gate.refresh()
             topic = topology.frontier_high if job["priority"] > 0 else topology.frontier
-            out = encoder.job(topic, job)
-            while True:
-                try:
-                    producer.produce(out.topic, value=out.value, key=out.key,
-                                     partition=out.partition, headers=out.headers,
-                                     on_delivery=on_delivery)
-                    break
-                except BufferError:
-                    producer.poll(0.1)
+            for out in (encoder.job(topic, job),
+                        lineage_event(encoder, job, ENQUEUED, "publish", "seed")):
+                while True:
+                    try:
+                        producer.produce(out.topic, value=out.value, key=out.key,
+                                         partition=out.partition, headers=out.headers,
+                                         on_delivery=on_delivery)
+                        break
+                    except BufferError:
+                        producer.poll(0.1)
             report.published += 1
             gate.add(1)
             producer.poll(0)

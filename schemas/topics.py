@@ -83,6 +83,11 @@ class Topology:
     def telemetry(self) -> str:
         return f"{self.prefix}crawl.telemetry"
 
+    @property
+    def lineage(self) -> str:
+        """Job state changes no other topic shows (enqueued, duplicate, parked, released)."""
+        return f"{self.prefix}crawl.lineage"
+
     def retry(self, delay_s: int) -> str:
         return f"{self.prefix}crawl.retry.{delay_s}s"
 
@@ -97,7 +102,7 @@ class Topology:
         """The topics ``stage``'s consumer group reads (its queue depth is its lag on them)."""
         by_stage = {"fetch": [self.frontier, self.frontier_high],
                     "parse": [self.fetched],
-                    "store": [self.parsed, self.telemetry, self.dead],
+                    "store": [self.parsed, self.telemetry, self.dead, self.lineage],
                     "retry": self.retry_topics}
         try:
             return by_stage[stage]
@@ -165,6 +170,7 @@ class Topology:
                                         "message.timestamp.type": "LogAppendTime"}),
             t(self.control, "Control", {"cleanup.policy": "compact"}, by_target=False, parts=1),
             t(self.telemetry, "FetchEvent", {"cleanup.policy": "delete", "retention.ms": week}),
+            t(self.lineage, "LineageEvent", {"cleanup.policy": "delete", "retention.ms": week}),
         ]
         # Retry tiers use the broker's clock for the record timestamp: the delay is measured
         # from when the broker appended the record, never from a worker's clock.

@@ -16,7 +16,8 @@ CREATE TABLE IF NOT EXISTS pages (
     fetched_at     DateTime64(3, 'UTC'),
     fetch_worker   LowCardinality(String),
     parse_worker   LowCardinality(String),
-    stored_at      DateTime64(3, 'UTC') DEFAULT now64(3)
+    stored_at      DateTime64(3, 'UTC') DEFAULT now64(3),
+    parsed_at      DateTime64(3, 'UTC') DEFAULT 0
 ) ENGINE = ReplacingMergeTree(fetched_at)
 ORDER BY dedupe_key
 SETTINGS non_replicated_deduplication_window = 10000;
@@ -55,7 +56,8 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     attempts       UInt16,
     worker         LowCardinality(String),
     version        LowCardinality(String),
-    raw            String
+    raw            String,
+    job            String DEFAULT ''
 ) ENGINE = ReplacingMergeTree
 ORDER BY event_id
 SETTINGS non_replicated_deduplication_window = 10000;
@@ -77,6 +79,36 @@ ORDER BY (stage, topic, ts)
 TTL toDateTime(ts) + INTERVAL 30 DAY
 SETTINGS non_replicated_deduplication_window = 10000;
 
-CREATE VIEW IF NOT EXISTS pages_v AS SELECT * FROM pages FINAL;
-CREATE VIEW IF NOT EXISTS fetch_events_v AS SELECT * FROM fetch_events FINAL;
-CREATE VIEW IF NOT EXISTS dead_letters_v AS SELECT * FROM dead_letters FINAL;
+-- A store made before a column existed gains it (its older rows read the default).
+-- job: the dead letter's whole CrawlJob as JSON (what `crawlfleet dlq replay` publishes again);
+-- raw: the undecodable record's bytes as hex, whole.
+ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS job String DEFAULT '';
+ALTER TABLE pages ADD COLUMN IF NOT EXISTS parsed_at DateTime64(3, 'UTC') DEFAULT 0;
+
+-- Lineage: the job states no other table records (enqueued, duplicate, parked, released),
+-- from crawl.lineage, keyed by the job's dedupe key. `crawlfleet trace` joins them with
+-- fetch_events (attempts), pages (parsed, stored) and dead_letters.
+CREATE TABLE IF NOT EXISTS lineage (
+    event_id       String,
+    ts             DateTime64(3, 'UTC'),
+    dedupe_key     String,
+    url            String,
+    target         LowCardinality(String),
+    profile        LowCardinality(String),
+    state          LowCardinality(String),
+    attempt        UInt16,
+    parent_url     String,
+    detail         String,
+    stage          LowCardinality(String),
+    worker         LowCardinality(String),
+    version        LowCardinality(String)
+) ENGINE = ReplacingMergeTree
+ORDER BY (dedupe_key, event_id)
+SETTINGS non_replicated_deduplication_window = 10000;
+
+-- Replaced on every start: a view's * is expanded when it is made, so a view made before a
+-- column was added would not show it.
+CREATE OR REPLACE VIEW pages_v AS SELECT * FROM pages FINAL;
+CREATE OR REPLACE VIEW fetch_events_v AS SELECT * FROM fetch_events FINAL;
+CREATE OR REPLACE VIEW dead_letters_v AS SELECT * FROM dead_letters FINAL;
+CREATE OR REPLACE VIEW lineage_v AS SELECT * FROM lineage FINAL;

@@ -63,6 +63,7 @@ def parsed_page() -> dict[str, Any]:
         "fetched_at_ms": TS_MS,
         "fetch_worker": "fetch-1",
         "parse_worker": "parse-3",
+        "parsed_at_ms": TS_MS,
     }
 
 
@@ -123,7 +124,7 @@ def _with_ts(value: dict[str, Any], *fields: str) -> dict[str, Any]:
 ROUND_TRIPS = [
     ("CrawlJob", JOB, JOB),
     ("FetchResult", fetch_result(), _with_ts(fetch_result(), "fetched_at_ms")),
-    ("ParsedPage", parsed_page(), _with_ts(parsed_page(), "fetched_at_ms")),
+    ("ParsedPage", parsed_page(), _with_ts(parsed_page(), "fetched_at_ms", "parsed_at_ms")),
     ("DeadLetter", dead_letter_with_job(), _with_ts(dead_letter_with_job(), "failed_at_ms")),
     ("DeadLetter", dead_letter_raw(), _with_ts(dead_letter_raw(), "failed_at_ms")),
     ("Seen", {"state": "RETRYING", "attempt": 2, "status": 503},

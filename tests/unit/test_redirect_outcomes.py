@@ -13,6 +13,7 @@ from consumers.outcomes import REDIRECT_HOPS, OutcomeRules
 from crawlfleet.config import load_settings
 from crawlfleet.urls import dedupe_key
 from infra.kafka_io import Encoder, Output, topology_of
+from producers.replay import REPLAY_META
 
 URL = "http://a.test/start"
 
@@ -50,8 +51,11 @@ def test_in_scope_redirect_becomes_a_new_job_with_a_hop_count() -> None:
     rules = _rules()
     outs, recs = _redirect(rules, "/next?b=2&a=1")
     topics = [o.topic for o in outs]
-    assert topics == [rules.topology.fetched, rules.topology.telemetry, rules.topology.frontier]
-    page, event, job = recs
+    assert topics == [rules.topology.fetched, rules.topology.telemetry, rules.topology.lineage,
+                      rules.topology.frontier]
+    page, event, enqueued, job = recs
+    assert enqueued["state"] == "enqueued" and enqueued["detail"] == "redirect"
+    assert enqueued["url"] == job["url"] and enqueued["parent_url"] == URL
     assert page["status"] == 302 and page["body"] == b""
     assert page["final_url"] == URL and page["redirects"] == ["http://a.test/next?a=1&b=2"]
     assert event["reason"] == "redirect"
@@ -69,6 +73,12 @@ def test_out_of_scope_or_uncrawlable_redirect_is_recorded_not_followed(location:
     assert [o.topic for o in outs] == [rules.topology.fetched, rules.topology.telemetry]
     assert recs[0]["status"] == 302
     assert recs[1]["reason"] == "redirect_out_of_scope"
+
+
+def test_a_redirect_target_is_a_new_job_without_the_replay_mark() -> None:
+    rules = _rules()
+    _, recs = _redirect(rules, "/next", _job(meta={REPLAY_META: "abc", "k": "v"}))
+    assert recs[-1]["meta"] == {"k": "v", REDIRECT_HOPS: "1"}
 
 
 def test_seeds_scope_follows_a_redirect_to_another_seed_target() -> None:

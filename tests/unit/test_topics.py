@@ -171,7 +171,7 @@ def test_every_stage_declares_its_inputs_once() -> None:
     assert STAGES == ("fetch", "parse", "store", "retry")
     assert topo.inputs("fetch") == [topo.frontier, topo.frontier_high]
     assert topo.inputs("parse") == [topo.fetched]
-    assert topo.inputs("store") == [topo.parsed, topo.telemetry, topo.dead]
+    assert topo.inputs("store") == [topo.parsed, topo.telemetry, topo.dead, topo.lineage]
     assert topo.inputs("retry") == topo.retry_topics
     names = {s.name for s in topo.specs()}
     assert all(set(topo.inputs(st)) <= names for st in STAGES)

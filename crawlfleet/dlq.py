@@ -1,0 +1,164 @@
+"""Dead-letter tools: list, show and replay the dead letters in the store.
+
+The ``dead_letters`` table holds every ``crawl.dead`` record whole (its job as JSON, an
+undecodable record's bytes as hex); its id is the record's ``topic:partition:offset``.
+Replay publishes the selected jobs to the frontier again through the normal path (scope is
+the fetch stage's own: robots.txt, the cap, retries, dedupe) with fresh attempts and a
+replay mark derived from the dead letter's id (see :mod:`producers.replay`), so replaying
+a selection twice fetches each URL once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from crawlfleet.config import Settings
+from crawlfleet.errors import ConfigError
+from crawlfleet.urls import dedupe_key
+from infra.clickhouse import run_query
+from producers.replay import ReplayReport, publish_replays, replay_id, replay_job
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+LIST_COLUMNS = ("event_id", "failed_at", "reason", "target", "url", "attempts", "worker")
+_LIST_HEAD = " ".join(("SELECT", ", ".join(LIST_COLUMNS), "FROM dead_letters_v"))
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``2h``, ``1d``, ``1w`` → seconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise ConfigError(f"bad duration {text!r}: use e.g. 90s, 15m, 2h, 1d")
+    return float(m[1]) * _UNIT_S[m[2]]
+
+
+def sql_string(value: str) -> str:
+    """``value`` as a ClickHouse string literal (backslash and quote are its only escapes)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def bind(template: str, **values: str | int) -> str:
+    """``template`` with each ``{name}`` replaced by its value as a literal: strings quoted
+    and escaped, integers as integers. The one place query text meets input."""
+    literals = {k: sql_string(v) if isinstance(v, str) else str(int(v))
+                for k, v in values.items()}
+    return template.format(**literals)
+
+
+def select(settings: Settings, head: str, where: str, tail: str = "",
+           **values: str | int) -> tuple[list[str], list[list[Any]]]:
+    """Run ``head WHERE where tail`` (templates) with ``values`` bound into it."""
+    return run_query(settings, bind(" ".join((head, "WHERE", where, tail)), **values))
+
+
+@dataclass(frozen=True)
+class Filters:
+    reason: str | None = None
+    target: str | None = None
+    since_s: float | None = None
+
+    def where(self) -> tuple[str, dict[str, str | int]]:
+        """A WHERE template and its values."""
+        parts, values = ["1"], {}  # type: tuple[list[str], dict[str, str | int]]
+        if self.reason:
+            parts.append("reason = {reason}")
+            values["reason"] = self.reason
+        if self.target:
+            parts.append("target = {target}")
+            values["target"] = self.target
+        if self.since_s is not None:
+            parts.append("failed_at >= now64(3) - toIntervalMillisecond({since_ms})")
+            values["since_ms"] = int(self.since_s * 1000)
+        return " AND ".join(parts), values
+
+
+def list_dead(settings: Settings, filters: Filters,
+              limit: int | None = None) -> tuple[list[str], list[list[Any]]]:
+    where, values = filters.where()
+    if limit:
+        values["limit"] = limit
+    return select(settings, _LIST_HEAD, where,
+                  "ORDER BY failed_at, event_id" + (" LIMIT {limit}" if limit else ""), **values)
+
+
+def show(settings: Settings, event_id: str) -> dict[str, Any]:
+    """One dead letter, whole, with the version tuple of the attempt that died (from its
+    telemetry event, when the fetch stage made it)."""
+    cols, rows = select(settings, "SELECT * FROM dead_letters_v", "event_id = {id}",
+                        id=event_id)
+    if not rows:
+        raise ConfigError(f"no dead letter {event_id!r} (ids: crawlfleet dlq list)")
+    record: dict[str, Any] = dict(zip(cols, rows[0], strict=True))
+    record["job"] = json.loads(record["job"]) if record.get("job") else None
+    record["version_tuple"] = None
+    if record.get("url"):
+        vcols, vrows = select(
+            settings,
+            "SELECT ts, worker, fetcher_version, http_version, tls_version, "
+            "profile_bundle_version, code_revision FROM fetch_events_v",
+            "url = {url} AND profile = {profile} AND outcome = 'dead' AND worker = {worker}",
+            "ORDER BY abs(dateDiff('millisecond', ts, "
+            "parseDateTime64BestEffort({failed_at}, 3, 'UTC'))) LIMIT 1",
+            url=record["url"], profile=record["profile"], worker=record["worker"],
+            failed_at=str(record["failed_at"]))
+        if vrows:
+            record["version_tuple"] = dict(zip(vcols, vrows[0], strict=True))
+    return record
+
+
+@dataclass
+class ReplayPlan:
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)  # the dead letters replayed
+    superseded: int = 0  # older dead letters of a page that has a newer one selected
+    unreplayable: int = 0  # undecodable records: no job to replay
+
+
+def job_of(row: dict[str, Any]) -> dict[str, Any]:
+    """The dead letter's job: its JSON, or (a row stored before the column existed) one
+    rebuilt from url, target and profile."""
+    if row.get("job"):
+        job: dict[str, Any] = json.loads(row["job"])
+        return job
+    return {"url": row["url"], "target": row["target"], "profile": row["profile"],
+            "depth": 0, "attempt": 0, "parent_url": None, "last_error": None,
+            "priority": 0, "meta": {}, "delay_ms": 0}
+
+
+def plan_replay(rows: list[dict[str, Any]]) -> ReplayPlan:
+    """Pure: the jobs replaying ``rows`` (ordered by failure time) publishes — one per page,
+    from its newest dead letter, each marked with that dead letter's replay id."""
+    plan = ReplayPlan()
+    newest: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if not row.get("url"):
+            plan.unreplayable += 1
+            continue
+        key = dedupe_key(row["profile"], row["url"])
+        if key in newest:
+            plan.superseded += 1
+        newest[key] = row
+    for row in newest.values():
+        plan.jobs.append(replay_job(job_of(row), row["event_id"]))
+        plan.ids.append(row["event_id"])
+    return plan
+
+
+def replay(settings: Settings, filters: Filters,
+           dry_run: bool = False) -> tuple[ReplayPlan, ReplayReport | None]:
+    where, values = filters.where()
+    cols, rows = select(settings, "SELECT event_id, failed_at, url, target, profile, reason, "
+                        "job FROM dead_letters_v", where, "ORDER BY failed_at, event_id",
+                        **values)
+    plan = plan_replay([dict(zip(cols, r, strict=True)) for r in rows])
+    if dry_run or not plan.jobs:
+        return plan, None
+    return plan, publish_replays(plan.jobs, settings)
+
+
+__all__ = ["Filters", "ReplayPlan", "list_dead", "parse_duration", "plan_replay", "replay",
+           "replay_id", "show"]

@@ -1,0 +1,32 @@
+"""Lineage events: the job states no other record shows, on ``crawl.lineage``.
+
+Fetch attempts (``crawl.telemetry``), pages (``crawl.parsed``) and dead letters already carry
+a job's url, profile, worker, time and versions; what they do not show is a job entering the
+frontier (a seed, a link, a redirect's target, a replay, a retry released by its timer), a job
+suppressed as a duplicate, and a job parked on disk. Each of those is one small record keyed
+like the job and partitioned by its target, produced in the transaction (or with the
+publish) that does it, so it exists exactly when that step happened.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from crawlfleet import __version__
+from crawlfleet.urls import dedupe_key
+from infra.kafka_io import Encoder, Output, job_key
+
+ENQUEUED, DUPLICATE, PARKED, RELEASED = "enqueued", "duplicate", "parked", "released"
+
+
+def lineage_event(enc: Encoder, job: dict[str, Any], state: str, stage: str,
+                  detail: str = "", parent_url: str | None = None) -> Output:
+    """The lineage record of ``job`` reaching ``state`` in ``stage``."""
+    return enc.record(enc.topology.lineage, job["target"],
+                      job_key(job["target"], job["profile"], job["url"]), {
+        "dedupe_key": dedupe_key(job["profile"], job["url"]), "url": job["url"],
+        "target": job["target"], "profile": job["profile"], "state": state,
+        "attempt": int(job.get("attempt", 0)), "parent_url": parent_url, "detail": detail,
+        "stage": stage, "worker": enc.worker, "version": __version__,
+        "ts_ms": int(time.time() * 1000)})
