@@ -11,7 +11,6 @@ a selection twice fetches each URL once.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,21 +18,11 @@ from crawlfleet.config import Settings
 from crawlfleet.errors import ConfigError
 from crawlfleet.urls import dedupe_key
 from infra.clickhouse import run_query
+from infra.views import parse_duration
 from producers.replay import ReplayReport, publish_replays, replay_id, replay_job
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 LIST_COLUMNS = ("event_id", "failed_at", "reason", "target", "url", "attempts", "worker")
 _LIST_HEAD = " ".join(("SELECT", ", ".join(LIST_COLUMNS), "FROM dead_letters_v"))
-
-
-def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``15m``, ``2h``, ``1d``, ``1w`` → seconds."""
-    m = _DURATION.match(text)
-    if not m:
-        raise ConfigError(f"bad duration {text!r}: use e.g. 90s, 15m, 2h, 1d")
-    return float(m[1]) * _UNIT_S[m[2]]
 
 
 def sql_string(value: str) -> str:
