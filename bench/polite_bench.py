@@ -37,7 +37,10 @@ settings but the cap and scope flags above. For each it also reports how joining
   from its first request to its last, it counts the wait for the first request, any
   rebalance after publication and the last pages' way to the store: what a user waits for;
 * **start ratio** = the same from the moment the workers were started (start-up and the
-  groups' first joins included); for Scrapy, from its process start to its exit.
+  groups' first joins included); for Scrapy, from its process start to its exit;
+* where the publish window goes beyond the server's: publication → first request, and last
+  request → last page stored (the server's monotonic clock is mapped to wall time in this
+  process, which hosts the server thread).
 
 The target for crawlfleet is efficiency >= 0.95 with zero violations and the exact page set,
 and a publish ratio >= 0.95 for every worker count; the exit status is 1 if a crawler failed
@@ -51,6 +54,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -130,6 +134,8 @@ class Politeness:
     fetch_workers: int = 0  # crawlfleet's fetch workers (0: another crawler)
     publish_seconds: float = 0.0  # crawlfleet: seeds published → last page stored
     start_seconds: float = 0.0  # crawlfleet: workers started → last page stored
+    first_request_s: float = 0.0  # crawlfleet: publication → the server's first request
+    tail_s: float = 0.0  # crawlfleet: the server's last request → last page stored
 
     @property
     def sum_of_caps(self) -> float:
@@ -369,6 +375,8 @@ def _join_table(runs: list[Politeness], title: str) -> Table:
         "÷ sum of caps",
         "start → last stored s",
         "÷ sum of caps (start)",
+        "publish → 1st request s",
+        "last request → stored s",
         "efficiency (server)",
         "violations",
     ):
@@ -386,6 +394,8 @@ def _join_table(runs: list[Politeness], title: str) -> Table:
             _ratio_cell(r.publish_ratio, TARGET_PUBLISH_RATIO) if crawlfleet else "-",
             f"{r.start_seconds if crawlfleet else r.process_seconds:.2f}",
             _ratio_cell(r.start_ratio, None),
+            f"{r.first_request_s:.2f}" if crawlfleet else "-",
+            f"{r.tail_s:.2f}" if crawlfleet else "-",
             _ratio_cell(r.efficiency, TARGET_EFFICIENCY),
             f"[{'green' if r.violations == 0 else 'red'}]{r.violations}[/]",
         )
@@ -530,10 +540,17 @@ def main(argv: list[str] | None = None) -> int:
             run.fetch_workers = workers
             run.publish_seconds = float(summary.get("publish_seconds") or 0.0)
             run.start_seconds = float(summary.get("start_seconds") or 0.0)
+            published = float(summary.get("published_at") or 0.0)
+            if log and published and run.publish_seconds:
+                wall = time.time() - time.monotonic()  # the site logs time.monotonic()
+                run.first_request_s = min(t for t, _, _ in log) + wall - published
+                run.tail_s = published + run.publish_seconds - (max(t for t, _, _ in log) + wall)
         runs.append(run)
         joins = (
             f"; publish → last stored {run.publish_seconds:.2f} s, "
-            f"{_ratio_cell(run.publish_ratio, None)} of the sum of caps"
+            f"{_ratio_cell(run.publish_ratio, None)} of the sum of caps (first request "
+            f"{run.first_request_s:.2f} s after publication, last page stored "
+            f"{run.tail_s:.2f} s after the last request)"
             if workers
             else ""
         )

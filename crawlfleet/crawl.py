@@ -81,6 +81,7 @@ class Summary:
     topics_deleted: int = 0  # this run's own topics, deleted once it drained
     #: target → why its URLs were refused and which setting allows them (once per target)
     address_hints: dict[str, str] = field(default_factory=dict)
+    published_at: float = 0.0  # Unix time the seeds' publication began
     publish_seconds: float = 0.0  # seeds' publication begun → last page stored
     start_seconds: float = 0.0  # workers started → last page stored (start-up, joins)
     statuses: list[dict[str, Any]] = field(default_factory=list)
@@ -361,6 +362,7 @@ def _summarise(settings: Settings, report: PublishReport, start_wall: float, ela
         drained=drained,
         restarts=fleet.restarts, statuses=read_statuses(settings.status_dir),
         address_hints={str(t): str(e) for t, e in hint_rows},
+        published_at=round(published_wall, 3),
         publish_seconds=round(max(0.0, last_stored - published_wall), 3),
         start_seconds=round(max(0.0, last_stored - start_wall), 3))
 
