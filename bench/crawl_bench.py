@@ -234,11 +234,13 @@ def run_crawlfleet(
     timeout: float,
     concurrency: int | None = None,
     output: Path | None = None,
+    summary_sink: dict[str, Any] | None = None,
 ) -> tuple[PeerResult, TreeMemorySampler]:
     """Run ``crawlfleet crawl`` on the site's seeds; its summary JSON gives pages and time.
 
     ``concurrency`` caps the fetch stage's requests in flight, as the peers' is capped;
-    ``output`` (if given) takes the crawl's progress and summary instead of the terminal.
+    ``output`` (if given) takes the crawl's progress and summary instead of the terminal;
+    ``summary_sink`` (if given) receives the whole summary.
     """
     with tempfile.TemporaryDirectory(prefix="bench-crawlfleet-") as tmp:
         seeds = Path(tmp, "seeds.txt")
@@ -270,6 +272,8 @@ def run_crawlfleet(
         # A non-zero exit with a summary (e.g. not drained) is still a result: the table's
         # "exact" column shows it fell short.
         data = json.loads(summary.read_text())
+    if summary_sink is not None:
+        summary_sink.update(data)
     pages = int(data["pages_stored"])
     # Like the peers' "seconds" (first request to last response), time the crawl from the first
     # page fetched to the last page stored in ClickHouse; start-up and drain detection are in

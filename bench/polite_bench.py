@@ -1,6 +1,6 @@
 """Politeness benchmark: how close to a per-host cap crawlfleet and polite Scrapy crawl, unbroken.
 
-    python -m bench.polite_bench [--hosts 6] [--pages 1800] [--cap 5] [--fetch-workers 1]
+    python -m bench.polite_bench [--hosts 10] [--pages 2000] [--cap 5] [--fetch-workers 1,2,4]
                                  [--scrapy-concurrency 16] [--port N]
                                  [--skip-scrapy] [--skip-crawlfleet]
                                  [--json-out bench/out/polite_bench.json]
@@ -28,8 +28,23 @@ Each crawler gets a fresh server and the server's request log is the referee:
 * **pages** crawled (the crawler's own count, and distinct expected URLs the server served)
   against ``spec.expected()``.
 
-The target for crawlfleet is efficiency >= 0.95 with zero violations and the exact page set;
-the exit status is 1 if a crawler failed to run or crawlfleet missed that target.
+crawlfleet runs once per count in ``--fetch-workers`` (a list), each on a fresh site and with
+the workers started together as ``crawlfleet crawl --fetch-workers N`` starts them, default
+settings but the cap and scope flags above. For each it also reports how joining costs pace:
+
+* **publish ratio** = pages stored ÷ (seeds' publication → last page stored, from the crawl's
+  summary: the store's insert time) ÷ sum of caps. Unlike efficiency, which the server times
+  from its first request to its last, it counts the wait for the first request, any
+  rebalance after publication and the last pages' way to the store: what a user waits for;
+* **start ratio** = the same from the moment the workers were started (start-up and the
+  groups' first joins included); for Scrapy, from its process start to its exit;
+* where the publish window goes beyond the server's: publication → first request, and last
+  request → last page stored (the server's monotonic clock is mapped to wall time in this
+  process, which hosts the server thread).
+
+The target for crawlfleet is efficiency >= 0.95 with zero violations and the exact page set,
+and a publish ratio >= 0.95 for every worker count; the exit status is 1 if a crawler failed
+to run or crawlfleet missed either target. Scrapy runs once.
 """
 
 from __future__ import annotations
@@ -39,6 +54,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -62,6 +78,8 @@ from infra.demo_site import DemoSite, SiteSpec, bench_spec, canonical_url, free_
 #: requests crawlfleet may send beyond the cap in any closed 1 s window (see module docstring)
 DECLARED_BURST = 1
 TARGET_EFFICIENCY = 0.95
+#: pages/s from publication to the last page stored ÷ the sum of caps (issue 11, joins)
+TARGET_PUBLISH_RATIO = 0.95
 
 LogEntry = tuple[float, str, str]  # (monotonic time, host, raw path) as DemoSite logs it
 
@@ -113,10 +131,26 @@ class Politeness:
     per_second: list[int] = field(default_factory=list)  # all requests, 1 s bins from the first
     process_seconds: float = 0.0
     peak_rss_mb: float = 0.0
+    fetch_workers: int = 0  # crawlfleet's fetch workers (0: another crawler)
+    publish_seconds: float = 0.0  # crawlfleet: seeds published → last page stored
+    start_seconds: float = 0.0  # crawlfleet: workers started → last page stored
+    first_request_s: float = 0.0  # crawlfleet: publication → the server's first request
+    tail_s: float = 0.0  # crawlfleet: the server's last request → last page stored
 
     @property
     def sum_of_caps(self) -> float:
         return self.cap * self.hosts_total
+
+    @property
+    def publish_ratio(self) -> float | None:
+        """Pages/s from publication to the last page stored ÷ the sum of caps."""
+        return join_ratio(self.reported_pages, self.publish_seconds, self.sum_of_caps)
+
+    @property
+    def start_ratio(self) -> float | None:
+        """The same from the workers' start (Scrapy: from its process start to its exit)."""
+        seconds = self.start_seconds if self.fetch_workers else self.process_seconds
+        return join_ratio(self.reported_pages, seconds, self.sum_of_caps)
 
     @property
     def limit(self) -> float:
@@ -133,6 +167,35 @@ class Politeness:
     @property
     def meets_target(self) -> bool:
         return self.exact and self.violations == 0 and self.efficiency >= TARGET_EFFICIENCY
+
+    @property
+    def meets_join_target(self) -> bool:
+        ratio = self.publish_ratio
+        return ratio is not None and ratio >= TARGET_PUBLISH_RATIO
+
+
+def join_ratio(pages: int, seconds: float, sum_of_caps: float) -> float | None:
+    """``pages`` / ``seconds`` ÷ ``sum_of_caps``, or None when not timed."""
+    if seconds <= 0 or sum_of_caps <= 0:
+        return None
+    return pages / seconds / sum_of_caps
+
+
+def parse_counts(text: str) -> list[int]:
+    """``"1,2,4"`` → [1, 2, 4]: worker counts, each >= 1, in the order given, no repeats."""
+    counts: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        n = int(part)
+        if n < 1:
+            raise ValueError(f"worker counts must be >= 1, got {n}")
+        if n not in counts:
+            counts.append(n)
+    if not counts:
+        raise ValueError("no worker count given")
+    return counts
 
 
 def window_counts(times: Sequence[float], window: float = 1.0) -> list[int]:
@@ -291,6 +354,54 @@ def _summary_table(runs: list[Politeness], title: str) -> Table:
     return table
 
 
+def _ratio_cell(ratio: float | None, target: float | None) -> str:
+    if ratio is None:
+        return "-"
+    if target is None:
+        return f"{ratio:.3f}"
+    return f"[{'green' if ratio >= target else 'red'}]{ratio:.3f}[/]"
+
+
+def _join_table(runs: list[Politeness], title: str) -> Table:
+    """Side by side per crawler and fetch-worker count: the pace a user waits for."""
+    table = Table(title=title)
+    table.add_column("crawler", no_wrap=True)
+    for col in (
+        "fetch workers",
+        "pages",
+        "exact",
+        "publish → last stored s",
+        "pages/s",
+        "÷ sum of caps",
+        "start → last stored s",
+        "÷ sum of caps (start)",
+        "publish → 1st request s",
+        "last request → stored s",
+        "efficiency (server)",
+        "violations",
+    ):
+        table.add_column(col, justify="right")
+    for r in runs:
+        crawlfleet = r.fetch_workers > 0
+        publish_rate = r.reported_pages / r.publish_seconds if r.publish_seconds > 0 else 0.0
+        table.add_row(
+            r.name,
+            str(r.fetch_workers) if crawlfleet else "-",
+            str(r.reported_pages),
+            "[green]yes[/]" if r.exact else "[red]NO[/]",
+            f"{r.publish_seconds:.2f}" if crawlfleet else "-",
+            f"{publish_rate:.2f}" if crawlfleet else "-",
+            _ratio_cell(r.publish_ratio, TARGET_PUBLISH_RATIO) if crawlfleet else "-",
+            f"{r.start_seconds if crawlfleet else r.process_seconds:.2f}",
+            _ratio_cell(r.start_ratio, None),
+            f"{r.first_request_s:.2f}" if crawlfleet else "-",
+            f"{r.tail_s:.2f}" if crawlfleet else "-",
+            _ratio_cell(r.efficiency, TARGET_EFFICIENCY),
+            f"[{'green' if r.violations == 0 else 'red'}]{r.violations}[/]",
+        )
+    return table
+
+
 def _host_table(run: Politeness) -> Table:
     table = Table(title=f"{run.name}: per-host timing (s from its first request)")
     table.add_column("host")
@@ -324,13 +435,17 @@ def _host_table(run: Politeness) -> Table:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--hosts", type=int, default=6)
-    parser.add_argument("--pages", type=int, default=1800)
+    parser.add_argument("--hosts", type=int, default=10)
+    parser.add_argument("--pages", type=int, default=2000)
     parser.add_argument("--cap", type=float, default=5.0, help="requests/s per host")
     parser.add_argument("--port", type=int, help="site port (default: first free from 18600)")
     parser.add_argument("--page-bytes", type=int, default=12_000)
     parser.add_argument("--links-per-page", type=int, default=10)
-    parser.add_argument("--fetch-workers", type=int, default=1, help="crawlfleet fetch workers")
+    parser.add_argument(
+        "--fetch-workers",
+        default="1,2,4",
+        help="crawlfleet fetch workers: a count or a list (1,2,4), one crawl per count",
+    )
     parser.add_argument(
         "--scrapy-concurrency", type=int, default=16, help="Scrapy CONCURRENT_REQUESTS"
     )
@@ -341,6 +456,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cap <= 0:
         parser.error("--cap must be > 0")
+    try:
+        worker_counts = parse_counts(args.fetch_workers)
+    except ValueError as exc:
+        parser.error(f"--fetch-workers: {exc}")
     console = Console(width=None if sys.stdout.isatty() else 160)
 
     command = None
@@ -359,13 +478,15 @@ def main(argv: list[str] | None = None) -> int:
 
     # run_crawlfleet passes `--rate-cap 100000` (its throughput setting) first; a click option
     # given twice takes its last value, so this --rate-cap is the one crawlfleet uses.
-    fleet_args = [
-        "--rate-cap",
-        f"{args.cap:g}",
-        "--fetch-workers",
-        str(args.fetch_workers),
-        *args.crawlfleet_arg,
-    ]
+    def fleet_args(workers: int) -> list[str]:
+        return [
+            "--rate-cap",
+            f"{args.cap:g}",
+            "--fetch-workers",
+            str(workers),
+            *args.crawlfleet_arg,
+        ]
+
     scrapy_settings = scrapy_polite_settings(args.cap, args.scrapy_concurrency)
     console.print(
         f"site: {args.pages} pages x ~{args.page_bytes} B on {len(hosts)} hosts "
@@ -374,27 +495,39 @@ def main(argv: list[str] | None = None) -> int:
         f"(ideal crawl ~{len(expected) / sum_caps:.0f} s); violation = more than "
         f"{args.cap + DECLARED_BURST:g} requests to a host in a closed 1 s window "
         f"(cap + declared burst {DECLARED_BURST})\n"
-        f"crawlfleet: crawl --allow-private --scope seeds {' '.join(fleet_args)}\n"
+        f"crawlfleet: crawl --allow-private --scope seeds "
+        f"{' '.join(fleet_args(worker_counts[0]))} (fetch workers: "
+        f"{', '.join(map(str, worker_counts))})\n"
         f"scrapy: {', '.join(f'{k}={v!r}' for k, v in scrapy_settings.items())}\n"
         f"server in-process thread, crawlers in subprocesses; {os.cpu_count()} CPUs"
     )
 
-    plan: list[tuple[str, Callable[[], PeerResult | tuple[PeerResult, TreeMemorySampler]]]] = []
+    Crawl = Callable[[], PeerResult | tuple[PeerResult, TreeMemorySampler]]
+    plan: list[tuple[str, int, Crawl, dict[str, Any]]] = []
     if not args.skip_scrapy:
         plan.append(
             (
                 "scrapy",
+                0,
                 lambda: run_polite_scrapy(
                     seeds, hosts, args.cap, args.scrapy_concurrency, args.timeout
                 ),
+                {},
             )
         )
     if command is not None:
-        cmd = command
-        plan.append(("crawlfleet", lambda: run_crawlfleet(cmd, spec, fleet_args, args.timeout)))
+        for workers in worker_counts:
+            summary: dict[str, Any] = {}
+
+            def crawl(
+                cmd: list[str] = command, n: int = workers, sink: dict[str, Any] = summary
+            ) -> tuple[PeerResult, TreeMemorySampler]:
+                return run_crawlfleet(cmd, spec, fleet_args(n), args.timeout, summary_sink=sink)
+
+            plan.append((f"crawlfleet ({workers} fetch)", workers, crawl, summary))
 
     runs: list[Politeness] = []
-    for name, fn in plan:
+    for name, workers, fn, summary in plan:
         console.print(f"running {name} ...")
         try:
             result, log = _crawl_on_fresh_site(spec, fn)
@@ -402,11 +535,29 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[red]{name} failed:[/] {exc}")
             continue
         run = analyse(result, log, spec, expected, args.cap)
+        if workers:
+            run.name = name if result.name == "crawlfleet" else f"{name} {result.name[10:]}"
+            run.fetch_workers = workers
+            run.publish_seconds = float(summary.get("publish_seconds") or 0.0)
+            run.start_seconds = float(summary.get("start_seconds") or 0.0)
+            published = float(summary.get("published_at") or 0.0)
+            if log and published and run.publish_seconds:
+                wall = time.time() - time.monotonic()  # the site logs time.monotonic()
+                run.first_request_s = min(t for t, _, _ in log) + wall - published
+                run.tail_s = published + run.publish_seconds - (max(t for t, _, _ in log) + wall)
         runs.append(run)
+        joins = (
+            f"; publish → last stored {run.publish_seconds:.2f} s, "
+            f"{_ratio_cell(run.publish_ratio, None)} of the sum of caps (first request "
+            f"{run.first_request_s:.2f} s after publication, last page stored "
+            f"{run.tail_s:.2f} s after the last request)"
+            if workers
+            else ""
+        )
         console.print(
             f"  {run.page_requests} page requests in {run.window_s:.2f} s = "
             f"{run.page_rate:.2f}/s, efficiency {run.efficiency:.3f}, "
-            f"{run.violations} violations (max {run.max_in_window} in 1 s)"
+            f"{run.violations} violations (max {run.max_in_window} in 1 s){joins}"
         )
 
     console.print(
@@ -420,16 +571,23 @@ def main(argv: list[str] | None = None) -> int:
         console.print(_host_table(run))
         if args.timeline:
             console.print(f"{run.name} requests per second: {run.per_second}")
-
-    fleet = next((r for r in runs if r.name.startswith("crawlfleet")), None)
-    ok = len(runs) == len(plan)
-    if fleet is not None:
-        verdict = "[green]met[/]" if fleet.meets_target else "[red]MISSED[/]"
-        console.print(
-            f"crawlfleet target (efficiency >= {TARGET_EFFICIENCY}, 0 violations, exact pages): "
-            f"{verdict}"
+    console.print(
+        _join_table(
+            runs,
+            f"joins: pages/s from the seeds' publication (or the start) to the last page "
+            f"stored ÷ sum of caps {sum_caps:g} req/s",
         )
-        ok = ok and fleet.meets_target
+    )
+
+    ok = len(runs) == len(plan)
+    for fleet in (r for r in runs if r.fetch_workers):
+        verdict = "[green]met[/]" if fleet.meets_target else "[red]MISSED[/]"
+        joined = "[green]met[/]" if fleet.meets_join_target else "[red]MISSED[/]"
+        console.print(
+            f"{fleet.name}: target (efficiency >= {TARGET_EFFICIENCY}, 0 violations, exact "
+            f"pages) {verdict}; publish ratio >= {TARGET_PUBLISH_RATIO} {joined}"
+        )
+        ok = ok and fleet.meets_target and fleet.meets_join_target
 
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -440,13 +598,17 @@ def main(argv: list[str] | None = None) -> int:
             "sum_of_caps": sum_caps,
             "declared_burst": DECLARED_BURST,
             "scrapy_settings": scrapy_settings,
-            "crawlfleet_args": fleet_args,
+            "crawlfleet_args": fleet_args(worker_counts[0]),
+            "fetch_workers": worker_counts,
             "cpus": os.cpu_count(),
             "runs": [
                 {
                     **asdict(r),
                     "exact": r.exact,
                     "meets_target": r.meets_target,
+                    "publish_ratio": r.publish_ratio,
+                    "start_ratio": r.start_ratio,
+                    "meets_join_target": r.meets_join_target,
                     "hosts": [{**asdict(h), "active_rate": h.active_rate} for h in r.hosts],
                 }
                 for r in runs

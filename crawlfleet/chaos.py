@@ -13,7 +13,31 @@ pipeline to drain, and audits the result against what a correct crawler must sto
   appears twice there is a result downstream would have seen twice);
 * the fetch over-apply ratio: page requests the site received ÷ distinct pages. A kill
   redoes the work in flight at that moment, so the ratio is judged against a bound built
-  from the in-flight gauges the workers reported around each kill.
+  from the in-flight gauges the workers reported around each kill (see
+  :func:`exposure_window_s`).
+
+It also measures what the churn costs in pace (issue 11, "measured, not assumed"). Unless
+``baseline=False``, the same fleet crawls a fresh instance of the same site shape a second
+time on its own topic prefix, with the kill schedule running but no signal sent, and the
+report compares the two over their *kill phase*:
+
+* the kill phase runs from the first kill to the last one. The baseline draws the same
+  seeded schedule and stops it by the same rule (:data:`KILL_UNTIL_PROGRESS` of the pages
+  requested, or ``kill_for_s``), so its phase is the same span of the same crawl, at the pace
+  the fleet keeps when nobody is killed. Taking the kill run's offsets instead would judge a
+  slow kill run against baseline seconds after the baseline had finished;
+* pages stored per second = pages whose first row in the store carries a ``stored_at`` (the
+  store's insert time, ``now64(3)`` on this machine's clock) inside the phase, ÷ the phase's
+  length. Row timestamps cost the crawl nothing and are exact to the millisecond, where
+  sampling the store while it works would load it and blur the phase's edges; a replay of an
+  already stored page does not count twice (its first row does);
+* retention = kill-phase pages/s ÷ baseline pages/s; the target is :data:`RETENTION_TARGET`;
+* drain = last kill → drained, for both (the baseline's from its last scheduled kill, so the
+  two say what recovery costs beyond the tail every crawl has).
+
+The kill run goes first, on a fresh broker: whatever a cold JVM costs falls on it, so the
+order can only understate retention, never flatter it. Each run waits until every group is
+stable before it publishes, so the phase measures churn, not start-up.
 """
 
 from __future__ import annotations
@@ -34,7 +58,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    ConsumerGroupState,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
 from rich.console import Console
 from rich.table import Table
 
@@ -62,12 +94,33 @@ BROKER_KILL_AT_PROGRESS = 0.2
 #: Stop killing once this share of the expected pages has been requested: the tail of the
 #: crawl then drains without chaos, so "drained" measures recovery, not luck.
 KILL_UNTIL_PROGRESS = 0.9
-#: How long after a kill a rebalance can still drop work in flight on any fetch worker:
-#: the victim's session expiring (session timeout) plus its replacement starting and joining.
-EXPOSURE_WINDOW_S = 12.0
+#: A restarted worker's process start-up plus its join, on a loaded two-core machine.
+RESTART_ALLOWANCE_S = 10.0
+#: Rebalances one fetch kill can cause before static membership: the replacement joins as a
+#: new member, and the dead one leaves when its session expires (see exposure_window_s).
+REBALANCES_PER_FETCH_KILL = 2
+#: Kill-phase pages/s ÷ the no-kill rate the fleet must keep (issue 11).
+RETENTION_TARGET = 0.8
 TICK_S = 0.5
 CHAOS_CRAWL_S = 60.0
 MIN_RATE_CAP, MAX_RATE_CAP = 2.0, 500.0
+
+
+def exposure_window_s(session_timeout_ms: int) -> float:
+    """How long after a fetch kill a rebalance can still drop fetch work in flight.
+
+    The victim is restarted at once under the same worker id (``Fleet.heal``). With static
+    membership (``group.instance.id`` = the worker id) the replacement takes the victim's
+    place and its partitions back with no rebalance; only the victim's own work in flight is
+    redone. Without it, the replacement joins as a new member, and the coordinator drops the
+    dead member only when its session expires, up to one session timeout after the kill:
+    both rebalances (or one that waits for the expiry) fall within the session timeout plus
+    the replacement's start-up and join. Every fetch worker can lose what it holds at each of
+    them, so a fetch kill may make the fleet redo its own victim's load plus
+    :data:`REBALANCES_PER_FETCH_KILL` times the most the fleet held within this window:
+    a bound that holds with or without static membership (with it, a loose one).
+    """
+    return session_timeout_ms / 1000.0 + RESTART_ALLOWANCE_S
 
 
 @dataclass
@@ -93,6 +146,48 @@ class BrokerKill:
     restarted_at_s: float | None = None
     error: str = ""
     fetch_exposure: int = 0
+
+
+@dataclass
+class Phase:
+    """Stored-page pace of one crawl over its kill phase (first kill → last kill)."""
+
+    kills: int  # kills (in the baseline: scheduled kill times) that bound the phase
+    start_s: float  # the phase, in seconds from the seeds' publication
+    end_s: float
+    pages: int  # pages first stored inside the phase
+    pages_per_s: float
+    crawl_pages_per_s: float  # all pages stored ÷ publish → last page stored
+    drain_s: float  # last kill → drained (0 if it did not drain)
+    drained: bool
+    lost: int
+
+    @property
+    def seconds(self) -> float:
+        return self.end_s - self.start_s
+
+
+def kill_window(kill_walls: list[float]) -> tuple[float, float] | None:
+    """The kill phase from the kills' wall times: first → last, or None below two kills."""
+    if len(kill_walls) < 2:
+        return None
+    start, end = min(kill_walls), max(kill_walls)
+    return (start, end) if end > start else None
+
+
+def pages_in_window(first_stored: list[float], start: float, end: float) -> tuple[int, float]:
+    """(pages, pages/s) of the first-stored times that fall in ``[start, end)``."""
+    if end <= start:
+        return 0, 0.0
+    n = sum(1 for t in first_stored if start <= t < end)
+    return n, n / (end - start)
+
+
+def retention_of(kill_phase: Phase | None, baseline: Phase | None) -> float | None:
+    """Kill-phase pages/s ÷ the baseline's, or None when either is missing or empty."""
+    if kill_phase is None or baseline is None or baseline.pages_per_s <= 0:
+        return None
+    return kill_phase.pages_per_s / baseline.pages_per_s
 
 
 @dataclass
@@ -134,6 +229,24 @@ class ChaosReport:
     drain_seconds: float  # last kill (or broker restart) to drained
     drained: bool
     notes: list[str] = field(default_factory=list)
+    hosts: int = SITE_HOSTS
+    session_timeout_s: float = 0.0
+    exposure_window_s: float = 0.0
+    kill_phase: Phase | None = None  # this run's pace over first kill → last kill
+    baseline: Phase | None = None  # the same fleet, site shape and schedule, nobody killed
+
+    @property
+    def retention(self) -> float | None:
+        return retention_of(self.kill_phase, self.baseline)
+
+    @property
+    def retains_pace(self) -> bool:
+        return self.retention is not None and self.retention >= RETENTION_TARGET
+
+    @property
+    def meets_target(self) -> bool:
+        """Issue 11's target: correct, within the over-apply bound, and the pace retained."""
+        return self.ok and self.within_bound and self.retains_pace
 
     @property
     def kills_by_stage(self) -> dict[str, int]:
@@ -150,26 +263,32 @@ class ChaosReport:
 
 def run_chaos(pages: int, nodes: int, fetch_workers: int, parse_workers: int,
               kill_every_s: float, seed: int, data_dir: Path | None, timeout_s: float,
-              console: Console, *, rate_cap: float | None = None,
-              partitions: int = 12) -> ChaosReport:
-    """Crawl ``pages`` local pages under worker kills (and a broker kill with 3 nodes).
+              console: Console, *, rate_cap: float | None = None, hosts: int = SITE_HOSTS,
+              partitions: int = 12, baseline: bool = True,
+              kill_for_s: float | None = None) -> ChaosReport:
+    """Crawl ``pages`` local pages on ``hosts`` hosts under worker kills (and a broker kill
+    with 3 nodes), then (``baseline``) the same shape again with nobody killed.
 
     ``rate_cap`` (requests/s per host) defaults to a pace that makes the crawl last about
     :data:`CHAOS_CRAWL_S` (or a dozen kill intervals): unpaced, a CPU-bound crawl of a few
-    thousand local pages is over after a handful of kills.
+    thousand local pages is over after a handful of kills. Kills stop once
+    :data:`KILL_UNTIL_PROGRESS` of the pages were requested, or after ``kill_for_s``.
+    Sessions keep the settings' default timeout, as a deployment's do.
     """
     if nodes not in BASE_PORT:
         raise InfraError(f"nodes must be 1 or 3, not {nodes}")
     if kill_every_s <= 0:
         raise InfraError("kill_every_s must be > 0")
+    if kill_for_s is not None and kill_for_s <= 0:
+        raise InfraError("kill_for_s must be > 0")
     began = time.monotonic()
     temp = data_dir is None
     root = Path(tempfile.mkdtemp(prefix="crawlfleet-chaos-")) if data_dir is None \
         else Path(data_dir).expanduser().resolve()
     root.mkdir(parents=True, exist_ok=True)
     kafka_home = root / f"kafka-{nodes}"
-    prefix = f"chaos{int(time.time())}{uuid.uuid4().hex[:6]}."
     saved_jars = os.environ.get(kafka_local.JARS_ENV)
+    cap = rate_cap or paced_rate_cap(pages, kill_every_s, hosts)
     try:
         if not saved_jars:
             os.environ[kafka_local.JARS_ENV] = str(kafka_local.ensure_jars())
@@ -177,20 +296,39 @@ def run_chaos(pages: int, nodes: int, fetch_workers: int, parse_workers: int,
         _await_ports(BASE_PORT[nodes], nodes)
         bootstrap = kafka_local.up(nodes=nodes, base_dir=kafka_home,
                                    base_port=BASE_PORT[nodes])
-        spec = bench_spec(free_port(tuple(f"127.0.0.{2 + k}" for k in range(SITE_HOSTS)),
-                                    18900), pages=pages, hosts=SITE_HOSTS)
-        seeds = spec.seeds()
-        settings = Settings(
-            bootstrap_servers=bootstrap, data_dir=root / "runs" / prefix.rstrip("."),
-            topic_prefix=prefix, partitions=partitions, replication=3 if nodes == 3 else 1,
-            allow_private=True, scope="seeds", session_timeout_ms=6000,
-            rate_cap=rate_cap or paced_rate_cap(pages, kill_every_s))
-        settings = settings.replace(allowed_targets=_seed_targets(seeds, settings))
-        with DemoSite(spec) as site:
-            return _Run(settings, spec.expected(), seeds, site, kafka_home,
-                        Plan(fetch_workers=fetch_workers, parse_workers=parse_workers),
-                        kill_every_s, seed, timeout_s, console, began,
-                        dict(pages=pages, nodes=nodes)).execute()
+
+        def crawl(chaos: bool) -> ChaosReport:
+            prefix = f"chaos{int(time.time())}{uuid.uuid4().hex[:6]}."
+            spec = bench_spec(free_port(tuple(f"127.0.0.{2 + k}" for k in range(hosts)),
+                                        18900), pages=pages, hosts=hosts)
+            seeds = spec.seeds()
+            settings = Settings(
+                bootstrap_servers=bootstrap, data_dir=root / "runs" / prefix.rstrip("."),
+                topic_prefix=prefix, partitions=partitions,
+                replication=3 if nodes == 3 else 1, allow_private=True, scope="seeds",
+                rate_cap=cap)
+            settings = settings.replace(allowed_targets=_seed_targets(seeds, settings))
+            with DemoSite(spec) as site:
+                return _Run(settings, spec.expected(), seeds, site, kafka_home,
+                            Plan(fetch_workers=fetch_workers, parse_workers=parse_workers),
+                            kill_every_s, seed, timeout_s, console, began,
+                            dict(pages=pages, nodes=nodes, hosts=hosts), chaos=chaos,
+                            kill_for_s=kill_for_s).execute()
+
+        report = crawl(chaos=True)
+        if baseline:
+            console.print("[bold]baseline[/bold]: the same fleet on a fresh site of the same "
+                          "shape, the same kill schedule, no kills")
+            base = crawl(chaos=False)
+            report.baseline = base.kill_phase
+            if not base.ok:
+                report.notes.append(f"the baseline itself was not clean: drained "
+                                    f"{base.drained}, lost {base.lost}, duplicates "
+                                    f"{base.stored_duplicates}")
+            if report.baseline is None:
+                report.notes.append("the baseline had under two scheduled kills: no phase")
+        report.seconds = round(time.monotonic() - began, 1)
+        return report
     finally:
         try:
             kafka_local.down(kafka_home)
@@ -201,10 +339,10 @@ def run_chaos(pages: int, nodes: int, fetch_workers: int, parse_workers: int,
                 shutil.rmtree(root, ignore_errors=True)
 
 
-def paced_rate_cap(pages: int, kill_every_s: float) -> float:
+def paced_rate_cap(pages: int, kill_every_s: float, hosts: int = SITE_HOSTS) -> float:
     """Per-host cap under which ``pages`` take about max(CHAOS_CRAWL_S, 12 kills)."""
     seconds = max(CHAOS_CRAWL_S, 12 * kill_every_s)
-    return min(MAX_RATE_CAP, max(MIN_RATE_CAP, pages / (SITE_HOSTS * seconds)))
+    return min(MAX_RATE_CAP, max(MIN_RATE_CAP, pages / (hosts * seconds)))
 
 
 def _bindable(port: int) -> bool:
@@ -266,7 +404,8 @@ class _Run:
     def __init__(self, settings: Settings, expected: dict[str, int], seeds: list[str],
                  site: DemoSite, kafka_home: Path, plan: Plan, kill_every_s: float, seed: int,
                  timeout_s: float, console: Console, began: float,
-                 shape: dict[str, int]) -> None:
+                 shape: dict[str, int], *, chaos: bool = True,
+                 kill_for_s: float | None = None) -> None:
         self.s = settings
         self.expected = expected
         self.seeds = seeds
@@ -280,6 +419,10 @@ class _Run:
         self.console = console
         self.began = began
         self.shape = shape
+        #: False: the baseline; the schedule runs (same draws, same phase) but kills nobody
+        self.chaos = chaos
+        self.kill_for_s = kill_for_s
+        self.window_s = exposure_window_s(settings.session_timeout_ms)
         self.topo = topology_of(settings)
         self.fleet = Fleet(settings, plan, settings.data_dir / "logs")
         self.kills: list[Kill] = []
@@ -290,6 +433,7 @@ class _Run:
         # (window end, record) of kills whose rebalance may still drop fetch work
         self._windows: list[tuple[float, Kill | BrokerKill]] = []
         self.t0 = time.monotonic()
+        self.published_wall = time.time()
 
     # --- the crawl ----------------------------------------------------------------------
 
@@ -298,13 +442,18 @@ class _Run:
         create_topics(self.s)
         self.fleet.start()
         try:
+            if not self._await_groups():
+                self.notes.append("the groups were not all stable before the seeds went out")
             report = publish(self.seeds, self.s)
             if report.errors:
                 raise InfraError(f"seed errors: {report.errors[:3]}")
             self.t0 = time.monotonic()
-            self.console.print(f"crawling {len(self.expected)} pages on {SITE_HOSTS} hosts "
-                               f"at {self.s.rate_cap:g} req/s per host (topics "
-                               f"{self.s.topic_prefix}*), a kill every {self.kill_every_s:g}s")
+            self.published_wall = time.time()
+            what = "a kill" if self.chaos else "a scheduled kill (not sent)"
+            self.console.print(f"crawling {len(self.expected)} pages on {self.shape['hosts']} "
+                               f"hosts at {self.s.rate_cap:g} req/s per host (topics "
+                               f"{self.s.topic_prefix}*), {what} every "
+                               f"{self.kill_every_s:g}s")
             drained, calm_at, last_chaos = self._loop()
             crawl_s = calm_at - self.t0
             drain_s = calm_at - last_chaos if drained else 0.0
@@ -315,13 +464,48 @@ class _Run:
                 self.bounce.join(timeout=120)
             self.fleet.stop()
 
+    def _await_groups(self, timeout_s: float = 90.0) -> bool:
+        """Block until every worker reports and every group is stable with all its members.
+
+        Not ``crawl.wait_ready``: its 5 s describe can time out on a fresh three-node
+        cluster, where librdkafka 2.x may then abort the whole process (librdkafka#4605,
+        ``eonce->refcnt > 0``). Here the groups are described only once every worker has
+        written its status (so the coordinator is known and answers), with a long timeout.
+        """
+        deadline = time.monotonic() + timeout_s
+        workers = sum(self.plan.counts().values())
+        while len(read_statuses(self.s.status_dir)) < workers:
+            if time.monotonic() > deadline:
+                return False
+            self.fleet.heal()
+            time.sleep(TICK_S)
+        want = {self.topo.group(stage): n for stage, n in self.plan.counts().items() if n}
+        admin = AdminClient(self.s.kafka_common())
+        while time.monotonic() < deadline:
+            self.fleet.heal()
+            ready = True
+            for group, fut in admin.describe_consumer_groups(list(want),
+                                                             request_timeout=30).items():
+                try:
+                    desc = fut.result()
+                except KafkaException:
+                    ready = False
+                    continue
+                if desc.state != ConsumerGroupState.STABLE or len(desc.members) < want[group]:
+                    ready = False
+            if ready:
+                return True
+            time.sleep(TICK_S)
+        return False
+
     def _progress(self) -> float:
         requested = len(self.site.requests) - len(self.s.allowed_targets)  # robots.txt
         return max(0, requested) / max(1, len(self.expected))
 
     def _loop(self) -> tuple[bool, float, float]:
         probe = LagProbe(self.s)
-        killing_until = self.t0 + max(self.timeout_s * 0.6, self.kill_every_s * 4)
+        killing_until = self.t0 + (self.kill_for_s or max(self.timeout_s * 0.6,
+                                                           self.kill_every_s * 4))
         next_kill: float | None = None
         last_chaos = self.t0
         last_print = 0.0
@@ -341,23 +525,23 @@ class _Run:
                     self._kill(statuses, now)
                     last_chaos = time.monotonic()
                     next_kill = last_chaos + self._interval()
-                if self.s.replication == 3 and self.bounce is None and \
+                if self.chaos and self.s.replication == 3 and self.bounce is None and \
                         progress >= BROKER_KILL_AT_PROGRESS:
                     self.bounce = _BrokerBounce(self.kafka_home, BROKER_VICTIM, BROKER_DOWN_S,
                                                 self.t0)
                     self.bounce.record.fetch_exposure = _fetch_load(statuses)
-                    self._windows.append((now + EXPOSURE_WINDOW_S, self.bounce.record))
+                    self._windows.append((now + self.window_s, self.bounce.record))
                     self.console.print(f"[red]{now - self.t0:6.1f}s  SIGKILL broker "
                                        f"{BROKER_VICTIM}[/red] (down {BROKER_DOWN_S:g}s)")
                     self.bounce.start()
                 bouncing = self.bounce is not None and self.bounce.is_alive()
                 if bouncing and self.bounce is not None:  # exposed until it is back + a while
-                    self._windows.append((now + EXPOSURE_WINDOW_S, self.bounce.record))
+                    self._windows.append((now + self.window_s, self.bounce.record))
                 if self.bounce is not None and not bouncing and \
                         self.bounce.record.restarted_at_s is not None:
                     last_chaos = max(last_chaos, self.t0 + self.bounce.record.restarted_at_s)
                 quiet = not killing and not bouncing and \
-                    (self.bounce is not None or self.s.replication == 1)
+                    (self.bounce is not None or self.s.replication == 1 or not self.chaos)
                 if now - last_print >= 5.0:
                     last_print = now
                     waiting = f"  draining: {self.unsettled[:100]}" \
@@ -417,14 +601,16 @@ class _Run:
                     wall=round(time.time(), 3),
                     inflight=int(gauges.get("inflight", 0)),
                     queued=int(gauges.get("queued", 0)))
+        self.kills.append(kill)
+        if not self.chaos:  # the baseline: the schedule's draws and times, nobody killed
+            return
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
         self.fleet.heal()  # the same worker id comes back and fences its former self
         if stage == "fetch":
             kill.fetch_exposure = _fetch_load(statuses)
-            self._windows.append((now + EXPOSURE_WINDOW_S, kill))
-        self.kills.append(kill)
+            self._windows.append((now + self.window_s, kill))
         self.console.print(f"[yellow]{kill.at_s:6.1f}s  SIGKILL {wid}[/yellow] (pid "
                            f"{kill.pid}, in flight {kill.inflight}, queued {kill.queued})")
 
@@ -458,9 +644,12 @@ class _Run:
         total = sum(page_reqs.values())
         distinct_req = len(page_reqs)
         ratio = total / distinct_req if distinct_req else 0.0
-        exposure = sum(k.fetch_exposure for k in self.kills) + \
-            (self.bounce.record.fetch_exposure if self.bounce is not None else 0)
+        exposure = sum(k.inflight + k.queued + REBALANCES_PER_FETCH_KILL * k.fetch_exposure
+                       for k in self.kills if k.stage == "fetch" and self.chaos) + \
+            (REBALANCES_PER_FETCH_KILL * self.bounce.record.fetch_exposure
+             if self.bounce is not None else 0)
         final_dupes = pages_stored - distinct
+        phase = self._phase(drained, drain_s, len(lost))
         return ChaosReport(
             pages=self.shape["pages"], nodes=self.shape["nodes"],
             fetch_workers=self.plan.fetch_workers, parse_workers=self.plan.parse_workers,
@@ -481,7 +670,27 @@ class _Run:
             broker_kills=[self.bounce.record] if self.bounce is not None else [],
             restarts=self.fleet.restarts, seconds=round(time.monotonic() - self.began, 1),
             crawl_seconds=round(crawl_s, 1), drain_seconds=round(drain_s, 1),
-            drained=drained, notes=self.notes)
+            drained=drained, notes=self.notes, hosts=self.shape["hosts"],
+            session_timeout_s=self.s.session_timeout_ms / 1000.0,
+            exposure_window_s=self.window_s, kill_phase=phase)
+
+    def _phase(self, drained: bool, drain_s: float, lost: int) -> Phase | None:
+        """This run's stored pages/s from its first kill to its last (module docstring)."""
+        window = kill_window([k.wall for k in self.kills])
+        if window is None:
+            if self.chaos:
+                self.notes.append("under two kills: no kill phase to measure the pace over")
+            return None
+        first_stored = [ms / 1000.0 for (ms,) in self._query(
+            "SELECT toUnixTimestamp64Milli(min(stored_at)) FROM pages GROUP BY url")]
+        n, rate = pages_in_window(first_stored, *window)
+        last = max(first_stored, default=self.published_wall)
+        span = last - self.published_wall
+        return Phase(kills=len(self.kills), start_s=round(window[0] - self.published_wall, 2),
+                     end_s=round(window[1] - self.published_wall, 2), pages=n,
+                     pages_per_s=round(rate, 2),
+                     crawl_pages_per_s=round(len(first_stored) / span, 2) if span > 0 else 0.0,
+                     drain_s=round(drain_s, 1), drained=drained, lost=lost)
 
     def _query(self, sql: str) -> list[list[Any]]:
         return run_query(self.s, sql)[1]
@@ -558,15 +767,16 @@ def committed_duplicates(settings: Settings, topic: str, partitions: int,
 
 
 def print_report(report: ChaosReport, console: Console) -> None:
-    t = Table(title=f"chaos: {report.pages} pages, {report.nodes} Kafka node(s), "
-                    f"{report.fetch_workers} fetch + {report.parse_workers} parse workers",
-              show_header=False)
+    t = Table(title=f"chaos: {report.pages} pages on {report.hosts} hosts, {report.nodes} "
+                    f"Kafka node(s), {report.fetch_workers} fetch + {report.parse_workers} "
+                    f"parse workers", show_header=False)
     t.add_column("what")
     t.add_column("value", justify="right")
     by_stage = ", ".join(f"{s} {n}" for s, n in sorted(report.kills_by_stage.items()))
     rows: list[tuple[str, str]] = [
         ("pages expected", str(report.pages_expected)),
         ("rate cap per host (req/s)", f"{report.rate_cap:g}"),
+        ("session timeout (s)", f"{report.session_timeout_s:g}"),
         ("pages stored (FINAL)", str(report.pages_stored)),
         ("distinct URLs stored", str(report.distinct_urls)),
         ("raw rows (before FINAL)", str(report.raw_rows)),
@@ -584,7 +794,9 @@ def print_report(report: ChaosReport, console: Console) -> None:
          f"{report.page_requests} / {report.distinct_requested}"),
         ("fetch over-apply ratio", _mark(report.within_bound,
                                          f"{report.over_apply_ratio:.4f}")),
-        ("  bound: 1 + fetch in flight at kills / pages", f"{report.over_apply_bound:.4f}"),
+        ("  bound: 1 + fetch exposure / pages", f"{report.over_apply_bound:.4f}"),
+        (f"  exposure: victims + {REBALANCES_PER_FETCH_KILL} x fleet load within "
+         f"{report.exposure_window_s:g}s", str(report.fetch_exposure)),
         ("  victims' in-flight + queued at kills", str(report.inflight_at_kills)),
         ("robots.txt requests", str(report.robots_requests)),
         ("worker kills (SIGKILL)", f"{len(report.kills)} ({by_stage})"),
@@ -604,6 +816,8 @@ def print_report(report: ChaosReport, console: Console) -> None:
     for what, value in rows:
         t.add_row(what, value)
     console.print(t)
+    console.print(pace_table(report))
+    console.print(pace_verdict(report))
     if report.lost_sample:
         console.print("lost, e.g.: " + ", ".join(report.lost_sample))
     for note in report.notes:
@@ -620,6 +834,32 @@ def print_report(report: ChaosReport, console: Console) -> None:
 
 
 
+def pace_table(report: ChaosReport) -> Table:
+    """Kill phase against the no-kill baseline: pages stored per second, retention, drain."""
+    t = Table(title="pace: pages first stored per second over the kill phase (first kill → "
+                    "last kill, s from publish); whole = publish → last stored; drain = last "
+                    "kill → drained")
+    for col in ("run", "phase s", "kills", "pages", "pages/s", "whole /s", "drain s", "lost"):
+        t.add_column(col, justify="right")
+    for name, ph in (("kills", report.kill_phase), ("no kills", report.baseline)):
+        if ph is None:
+            t.add_row(name, "-", "-", "-", "-", "-", "-", "-")
+            continue
+        t.add_row(name, f"{ph.start_s:.1f} → {ph.end_s:.1f}", str(ph.kills), str(ph.pages),
+                  f"{ph.pages_per_s:.2f}", f"{ph.crawl_pages_per_s:.2f}",
+                  f"{ph.drain_s:.1f}" if ph.drained else "not drained", str(ph.lost))
+    return t
+
+
+def pace_verdict(report: ChaosReport) -> str:
+    r = report.retention
+    ratio = _mark(report.retains_pace, f"{r:.2f}") if r is not None else "n/a (no baseline)"
+    verdict = _mark(report.meets_target, "met" if report.meets_target else "MISSED")
+    return (f"throughput retained (kill-phase pages/s ÷ no-kill pages/s): {ratio}, target >= "
+            f"{RETENTION_TARGET:g}; issue-11 target (lost 0, duplicates 0, over-apply within "
+            f"its bound, retention): {verdict}")
+
+
 def _mark(good: bool, text: str) -> str:
     return f"[green]{text}[/green]" if good else f"[red]{text}[/red]"
 
@@ -627,7 +867,9 @@ def _mark(good: bool, text: str) -> str:
 def report_dict(report: ChaosReport) -> dict[str, Any]:
     data = asdict(report)
     data.update(ok=report.ok, within_bound=report.within_bound,
-                kills_by_stage=report.kills_by_stage)
+                kills_by_stage=report.kills_by_stage, retention=report.retention,
+                retention_target=RETENTION_TARGET, retains_pace=report.retains_pace,
+                meets_target=report.meets_target)
     return data
 
 

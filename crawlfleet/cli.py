@@ -330,30 +330,51 @@ def cap_cmd(target: Annotated[str, typer.Argument(help="Target (host).")],
 
 @app.command("chaos")
 def chaos_cmd(pages: Annotated[int, typer.Option(help="Pages of the local test site.")] = 5000,
+              hosts: Annotated[int, typer.Option(help="Hosts the pages are spread over.")] = 20,
+              rate_cap: Annotated[float, typer.Option(
+                  help="Requests/s per host (the crawler's default is 2); 0: a pace that "
+                       "makes the crawl last about a minute.")] = 2.0,
               nodes: Annotated[int, typer.Option(help="Kafka nodes: 1, or 3 with a broker "
                                                       "killed and restarted mid-crawl.")] = 1,
-              fetch_workers: Annotated[int, typer.Option()] = 3,
+              fetch_workers: Annotated[int, typer.Option()] = 2,
               parse_workers: Annotated[int, typer.Option()] = 2,
-              kill_every: Annotated[float, typer.Option(help="Seconds between kills.")] = 4.0,
+              kill_every: Annotated[float, typer.Option(
+                  help="Seconds between kills (each drawn from 0.75x..1.25x).")] = 8.0,
+              kill_for: Annotated[float, typer.Option(
+                  help="Stop killing after seconds (0: once 90% of the pages were "
+                       "requested).")] = 0.0,
+              baseline: Annotated[bool, typer.Option(
+                  "--baseline/--no-baseline",
+                  help="Also crawl the same shape with nobody killed, and report the "
+                       "throughput retained.")] = True,
               seed: Annotated[int, typer.Option(help="Random seed of the kill schedule.")] = 1,
               data_dir: DataDirOpt = None,
-              timeout: Annotated[float, typer.Option(help="Give up after seconds.")] = 900.0,
+              timeout: Annotated[float, typer.Option(help="Give up a crawl after seconds.")
+                                 ] = 900.0,
               report_json: Annotated[Path | None, typer.Option(
                   help="Also write the report as JSON here.")] = None) -> None:
-    """Crawl a local site while killing (-9) random workers; report lost and duplicated pages."""
+    """Crawl a local site while killing (-9) workers; report losses, duplicates, pace kept.
+
+    Defaults: issue 11's scenario (20 hosts x 250 pages at 2 req/s per host; 2 fetch, 2 parse,
+    store, retry; a kill every 8 s; default session timeout), then the same with no kills.
+    Exit 1 unless nothing was lost or duplicated, over-apply kept its bound and (with the
+    baseline) >= 80% of the no-kill pace was retained.
+    """
     from crawlfleet import chaos
     try:
         report = chaos.run_chaos(pages=pages, nodes=nodes, fetch_workers=fetch_workers,
                                  parse_workers=parse_workers, kill_every_s=kill_every,
                                  seed=seed, data_dir=data_dir, timeout_s=timeout,
-                                 console=err_console)
+                                 console=err_console, rate_cap=rate_cap or None, hosts=hosts,
+                                 baseline=baseline, kill_for_s=kill_for or None)
     except CrawlfleetError as exc:
         _fail(exc)
         return
     chaos.print_report(report, console)
     if report_json:
         chaos.write_json(report, report_json)
-    if not report.ok:
+    good = report.meets_target if baseline else report.ok and report.within_bound
+    if not good:
         raise typer.Exit(1)
 
 

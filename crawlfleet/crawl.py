@@ -81,6 +81,9 @@ class Summary:
     topics_deleted: int = 0  # this run's own topics, deleted once it drained
     #: target → why its URLs were refused and which setting allows them (once per target)
     address_hints: dict[str, str] = field(default_factory=dict)
+    published_at: float = 0.0  # Unix time the seeds' publication began
+    publish_seconds: float = 0.0  # seeds' publication begun → last page stored
+    start_seconds: float = 0.0  # workers started → last page stored (start-up, joins)
     statuses: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -192,12 +195,14 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
     drained = False
     try:
         wait_ready(settings, fleet)
+        published_wall = time.time()
         report = publish(seeds, settings)
         for line, reason in report.errors:
             console.print(f"[yellow]seed line {line}: {reason}")
         drained = _watch(settings, fleet, console, timeout_s, started)
         elapsed = time.monotonic() - started
-        summary = _summarise(settings, report, start_wall, elapsed, drained, fleet)
+        summary = _summarise(settings, report, start_wall, elapsed, drained, fleet,
+                             published_wall)
     finally:
         fleet.stop()
     if ephemeral and not keep_topics:
@@ -330,16 +335,17 @@ def _progress_table(statuses: list[dict[str, Any]], lags: dict[str, int],
 
 
 def _summarise(settings: Settings, report: PublishReport, start_wall: float, elapsed: float,
-               drained: bool, fleet: Fleet) -> Summary:
+               drained: bool, fleet: Fleet, published_wall: float) -> Summary:
     since = f"toDateTime64({start_wall - 1:.3f}, 3, 'UTC')"
     # Values interpolated below are a float and a validated topic prefix, never user text.
     prefix = settings.topic_prefix
-    pages_sql = f"SELECT count(), countIf(status BETWEEN 200 AND 299), dateDiff('millisecond', min(fetched_at), max(stored_at)) FROM pages FINAL WHERE stored_at >= {since}"  # noqa: E501, S608
+    pages_sql = f"SELECT count(), countIf(status BETWEEN 200 AND 299), dateDiff('millisecond', min(fetched_at), max(stored_at)), toUnixTimestamp64Milli(max(stored_at)) FROM pages FINAL WHERE stored_at >= {since}"  # noqa: E501, S608
     dead_sql = f"SELECT reason, count() FROM dead_letters FINAL WHERE startsWith(source_topic, '{prefix}') GROUP BY reason ORDER BY reason"  # noqa: E501, S608
     err_sql = f"SELECT reason, count() FROM fetch_events FINAL WHERE ts >= {since} AND outcome != 'ok' GROUP BY reason ORDER BY reason"  # noqa: E501, S608
     hint_sql = f"SELECT target, any(error) FROM dead_letters FINAL WHERE startsWith(source_topic, '{prefix}') AND reason = 'address_not_allowed' GROUP BY target ORDER BY target"  # noqa: E501, S608
     _, rows = run_query(settings, pages_sql)
     pages, ok, window_ms = int(rows[0][0]), int(rows[0][1]), int(rows[0][2] or 0)
+    last_stored = int(rows[0][3] or 0) / 1000.0 if pages else 0.0
     _, dead_rows = run_query(settings, dead_sql)
     _, err_rows = run_query(settings, err_sql)
     dead = {str(r): int(n) for r, n in dead_rows}
@@ -355,7 +361,10 @@ def _summarise(settings: Settings, report: PublishReport, start_wall: float, ela
         crawl_pages_per_s=round(pages * 1000.0 / window_ms, 1) if window_ms > 0 else 0.0,
         drained=drained,
         restarts=fleet.restarts, statuses=read_statuses(settings.status_dir),
-        address_hints={str(t): str(e) for t, e in hint_rows})
+        address_hints={str(t): str(e) for t, e in hint_rows},
+        published_at=round(published_wall, 3),
+        publish_seconds=round(max(0.0, last_stored - published_wall), 3),
+        start_seconds=round(max(0.0, last_stored - start_wall), 3))
 
 
 def print_summary(summary: Summary, console: Console) -> None:
