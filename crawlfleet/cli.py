@@ -177,7 +177,11 @@ def worker_cmd(stage: Annotated[str, typer.Argument(help="fetch | parse | store 
                    help="Allow private/loopback/link-local targets.")] = None,
                allow_hosts: AllowHostsOpt = None,
                rate_cap: Annotated[float | None, typer.Option(
-                   help="Requests per second per target.")] = None) -> None:
+                   help="Requests per second per target.")] = None,
+               metrics_port: Annotated[int | None, typer.Option(
+                   help="Serve Prometheus metrics on this port (0: any free one, logged and "
+                   "in the status file); off by default [env CRAWLFLEET_METRICS_PORT].")
+               ] = None) -> None:
     """Run one stage worker until SIGTERM (then leave the group cleanly)."""
     from consumers.runtime import StopFlag
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -185,9 +189,12 @@ def worker_cmd(stage: Annotated[str, typer.Argument(help="fetch | parse | store 
         s = _on_cluster(_settings(config, bootstrap=bootstrap, clickhouse=clickhouse,
                                   data_dir=data_dir, topic_prefix=topic_prefix,
                                   allow_private=allow_private, allow_hosts=allow_hosts,
-                                  rate_cap=rate_cap))
+                                  rate_cap=rate_cap, metrics_port=metrics_port))
         stop = StopFlag().install()
         runner = _stage(stage, s, worker_id, stop)
+        if s.metrics_port >= 0:
+            runner.status.metrics.serve(s, runner.status)
+            runner.status.write(force=True)  # the port, for whoever looks for it
         _tune_gc()
         runner.run()
     except CrawlfleetError as exc:
