@@ -564,6 +564,31 @@ def trace_cmd(url: Annotated[str, typer.Argument(help="The URL to follow.")],
         _print_rows(trace.COLUMNS, [e.row() for e in events])
 
 
+# --- doctor --------------------------------------------------------------------------------
+
+
+@app.command("doctor")
+def doctor_cmd(config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
+               data_dir: DataDirOpt = None,
+               window: Annotated[float, typer.Option(
+                   help="Seconds of fetch telemetry to size leases from.")] = 3600.0) -> None:
+    """Check the settings against measured fetch durations: each finding with its fix."""
+    from crawlfleet import doctor
+    try:
+        results, _ = doctor.diagnose(_settings(config, clickhouse=clickhouse,
+                                               data_dir=data_dir), window)
+    except CrawlfleetError as exc:
+        _fail(exc)
+        return
+    t = Table("check", "value", "verdict", "fix", title="crawlfleet doctor")
+    colour = {doctor.OK: "green", doctor.WARN: "yellow", doctor.FAIL: "red"}
+    for c in results:
+        t.add_row(c.name, c.value, f"[{colour.get(c.verdict, 'dim')}]{c.verdict}[/]", c.fix)
+    console.print(t)
+    if doctor.failed(results):
+        raise typer.Exit(1)
+
+
 # --- demo ----------------------------------------------------------------------------------
 
 
