@@ -571,12 +571,17 @@ def trace_cmd(url: Annotated[str, typer.Argument(help="The URL to follow.")],
 def doctor_cmd(config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
                data_dir: DataDirOpt = None,
                window: Annotated[float, typer.Option(
-                   help="Seconds of fetch telemetry to size leases from.")] = 3600.0) -> None:
+                   help="Seconds of fetch telemetry to size leases from.")] = 3600.0,
+               bootstrap: BootstrapOpt = None, topic_prefix: PrefixOpt = None,
+               kafka: Annotated[bool, typer.Option(
+                   "--kafka/--no-kafka", help="Also check the topics on the broker.")] = True
+               ) -> None:
     """Check the settings against measured fetch durations: each finding with its fix."""
     from crawlfleet import doctor
     try:
-        results, _ = doctor.diagnose(_settings(config, clickhouse=clickhouse,
-                                               data_dir=data_dir), window)
+        s = _settings(config, clickhouse=clickhouse, data_dir=data_dir, bootstrap=bootstrap,
+                      topic_prefix=topic_prefix)
+        results, _ = doctor.diagnose(s, window, kafka=kafka)
     except CrawlfleetError as exc:
         _fail(exc)
         return

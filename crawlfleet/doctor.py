@@ -90,6 +90,29 @@ def seen_ttl_check(s: Settings) -> Check:
                  "expiring before the job's last retry lets it be fetched twice)")
 
 
+def seen_retention_check(s: Settings, retention_ms: int | None) -> Check:
+    """The broker's retention of ``crawl.seen`` is what a restore gets back: it is set when
+    the topic is created, and later settings do not change it."""
+    name = "crawl.seen retention.ms >= seen_ttl_s"
+    if retention_ms is None:
+        return Check(name, "no such topic", NA, "`crawlfleet topics create` sets it from "
+                     "seen_ttl_s")
+    if retention_ms < 0:
+        return Check(name, "unlimited", OK)
+    kept = retention_ms / 1000.0
+    value = f"{_s(kept)} vs {_s(s.seen_ttl_s)} (horizon {_s(s.dedupe_horizon_s)})"
+    fix = (f"kafka-configs --alter --entity-type topics --entity-name "
+           f"{s.topic_prefix}crawl.seen --add-config retention.ms="
+           f"{int(s.seen_ttl_s * 1000)}")
+    if kept <= s.dedupe_horizon_s:
+        return Check(name, value, FAIL, f"{fix}: a worker that restores the dedupe state "
+                     "has lost the keys of jobs still inside their retry horizon and "
+                     "fetches them again")
+    if kept < s.seen_ttl_s:
+        return Check(name, value, WARN, f"{fix}: keys are kept shorter than seen_ttl_s says")
+    return Check(name, value, OK)
+
+
 def transaction_check(s: Settings, txn_timeout_ms: int) -> Check:
     """A dead worker's open transaction blocks the next owner until it times out."""
     ok = txn_timeout_ms <= s.session_timeout_ms
@@ -180,8 +203,32 @@ def fetch_durations(s: Settings, window_s: float) -> Durations:
     return Durations(int(count), p50, p95, p99, float(top or 0) / 1000.0, window_s)
 
 
-def diagnose(s: Settings, window_s: float) -> tuple[list[Check], Durations | None]:
-    """The checks for ``s`` with the store's durations (none if the store cannot say)."""
+def seen_retention_ms(s: Settings) -> int | None:
+    """``retention.ms`` of the crawl's ``crawl.seen`` topic on the broker (None: no topic)."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.admin._config import ConfigResource  # not re-exported for mypy
+
+    from crawlfleet.crawl import resolve_bootstrap
+    from crawlfleet.errors import InfraError
+    from infra.kafka_io import topology_of
+
+    s = resolve_bootstrap(s, start_local=False)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topology_of(s).seen)
+    admin = AdminClient({**s.kafka_common(), "socket.timeout.ms": 5000})
+    try:
+        configs = admin.describe_configs([resource], request_timeout=10)[resource].result(10)
+    except KafkaException as exc:
+        if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        raise InfraError(f"cannot describe {resource.name}: {exc.args[0].str()}") from exc
+    return int(configs["retention.ms"].value)
+
+
+def diagnose(s: Settings, window_s: float,
+             kafka: bool = True) -> tuple[list[Check], Durations | None]:
+    """The checks for ``s`` with the store's durations (none if the store cannot say) and,
+    with ``kafka``, the broker's retention of the dedupe state."""
     from infra.kafka_io import producer_conf
     txn_ms = int(producer_conf(s, "doctor", "doctor")["transaction.timeout.ms"])
     durations: Durations | None
@@ -199,4 +246,12 @@ def diagnose(s: Settings, window_s: float) -> tuple[list[Check], Durations | Non
     note.append(Check("parse / store / retry durations", "not recorded", NA,
                       "only fetch requests are timed in the store: the other stages' "
                       "share of the leases is not sized from evidence"))
-    return [*note, *checks(s, durations, txn_ms)], durations
+    results = checks(s, durations, txn_ms)
+    if kafka:
+        try:
+            retention = seen_retention_check(s, seen_retention_ms(s))
+        except CrawlfleetError as exc:
+            retention = Check("crawl.seen retention.ms >= seen_ttl_s", "unavailable", NA,
+                              str(exc))
+        results.insert(results.index(seen_ttl_check(s)) + 1, retention)
+    return [*note, *results], durations

@@ -2,7 +2,8 @@
 
 The site answers each page after 0.4 s, so the measured p95 is at least that; a max poll
 interval of 1 s is below three of them: the doctor must say so, with the fix, and exit 1.
-With the defaults it finds nothing to fail.
+With the defaults it finds nothing to fail. It also reads the broker's retention of the
+dedupe state and compares it with what the settings need.
 """
 
 from __future__ import annotations
@@ -60,3 +61,16 @@ def test_doctor_sizes_leases_from_the_stores_durations(
     assert "FAIL" in poll and "raise max_poll_interval_ms" in poll, poll
     assert "FAIL" not in row(tight.stdout, "max_poll_interval_ms > request_timeout_s")
     assert "ok" in row(tight.stdout, "session_timeout_ms >= 3x p95")
+    assert "ok" in row(healthy.stdout, "crawl.seen retention.ms")
+
+
+def test_doctor_reads_the_seen_topics_retention(settings: Settings) -> None:
+    """The topic keeps dedupe keys 7 days (created so); settings that need longer are found."""
+    create_all_topics(settings)
+    longer = doctor(settings, CRAWLFLEET_SEEN_TTL_S=str(30 * 86400))
+    assert "warn" in row(longer.stdout, "crawl.seen retention.ms"), longer.stdout
+    # 199 retries of up to an hour: the dedupe horizon (8.3 days) outlives the topic's keys.
+    horizon = doctor(settings, CRAWLFLEET_MAX_ATTEMPTS="200",
+                     CRAWLFLEET_SEEN_TTL_S=str(10 * 86400))
+    assert horizon.returncode == 1, horizon.stdout + horizon.stderr
+    assert "FAIL" in row(horizon.stdout, "crawl.seen retention.ms"), horizon.stdout

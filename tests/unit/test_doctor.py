@@ -82,3 +82,15 @@ def test_other_misconfigurations() -> None:
                  "connect_timeout_s < request_timeout_s", "robots_ttl_s >= 60",
                  "frontier_lag_bound >= max_buffered", "fleet_rate_cap >= rate_cap"):
         assert v[name] == WARN, (name, v)
+
+
+def test_seen_topic_retention_against_the_ttl_and_the_horizon() -> None:
+    s = Settings()
+    week_ms = int(s.seen_ttl_s * 1000)
+    assert doctor.seen_retention_check(s, week_ms).verdict == OK
+    assert doctor.seen_retention_check(s, -1).verdict == OK
+    assert doctor.seen_retention_check(s, None).verdict == NA
+    shorter = doctor.seen_retention_check(s, week_ms // 2)
+    assert shorter.verdict == WARN and f"retention.ms={week_ms}" in shorter.fix
+    below = doctor.seen_retention_check(s, int(s.dedupe_horizon_s * 1000))
+    assert below.verdict == FAIL
