@@ -206,10 +206,12 @@ class BatchStage(ABC):
             except DecodeError as exc:
                 outputs.append(self.encoder.undecodable(msg, exc))
                 self.status.add("dead")
+                self.status.metrics.dead_letter(exc.reason)
             except FatalError as exc:
                 outputs.append(self.encoder.dead(None, raw_value(msg), tp[0], exc.reason,
                                                  str(exc), 1))
                 self.status.add("dead")
+                self.status.metrics.dead_letter(exc.reason)
             except (FencedError, KafkaStageError):
                 raise  # the stage's own standing, not this record's fault
             except Exception as exc:  # no record can crash the stage into a replay loop
@@ -219,6 +221,7 @@ class BatchStage(ABC):
                                                  f"{type(exc).__name__}: {exc}", 1))
                 self.status.add("dead")
                 self.status.add("internal_errors")
+                self.status.metrics.dead_letter("internal")
             offsets[tp] = offset_of(msg) + 1
             processed += 1
         # The position also steps over transaction markers, so an idle stage's lag is 0;
@@ -243,6 +246,7 @@ class BatchStage(ABC):
             self.slow_start.committed(processed)
         except TxnAbortedError as exc:
             log.warning("%s transaction aborted, rewinding: %s", self.stage, exc)
+            self.status.add("aborted_txns")
             self._committed.clear()
             self.rolled_back()
             rewind(consumer, consumer.assignment())

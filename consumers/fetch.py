@@ -184,6 +184,8 @@ class _Session:
         self.committer: TxnCommitter | None = None
         self.slow_start = SlowStart(floor=150)  # outputs (~3 per page) per transaction
         self.share_ceiling = max(1, self.s.max_buffered // 2)
+        self.deferred_until: dict[str, float] = {}  # for the deferred_targets gauge
+        self.status.gauge_fns["deferred_targets"] = self._deferred_targets
 
     # --- Kafka thread -------------------------------------------------------------------
 
@@ -262,6 +264,7 @@ class _Session:
             self.consumer.resume(tps)
         if done.complete:
             self.status.add("restores")
+            self.status.metrics.restored(done.seconds)
             log.info("fetch %s: partitions %s restored in %.2f s", self.st.worker,
                      sorted(done.complete), done.seconds)
         for p in done.failed:
@@ -341,6 +344,7 @@ class _Session:
                 [TopicPartition(t, p, o) for (t, p), o in batch.offsets.items()],
                 frozenset({self.topo.seen, self.topo.parked}))
         except CrawlfleetError:
+            self.status.add("aborted_txns")
             self.ledger.aborted()
             self.parked.aborted(batch.changes)
             raise
@@ -498,9 +502,11 @@ class _Session:
                 job = self.enc.decode(msg)
                 job["url"] = canonicalize(job["url"])
             except DecodeError as exc:
+                self.status.metrics.dead_letter(exc.reason)
                 self._finish_raw(tp, offset, epoch, [self.enc.undecodable(msg, exc)])
                 continue
             except InvalidURLError as exc:
+                self.status.metrics.dead_letter(exc.reason)
                 self._finish_raw(tp, offset, epoch, [
                     self.enc.dead(job, None, tp[0], exc.reason, str(exc), job["attempt"])])
                 continue
@@ -661,6 +667,7 @@ class _Session:
         """No request to ``target`` for ``wait`` s; a long rest sends its queue to disk."""
         self.sched.defer(target, now + wait)
         self.status.add("deferrals")
+        self.deferred_until[target] = max(self.deferred_until.get(target, 0.0), now + wait)
         if wait >= SPILL_AFTER_S:
             self._shed(target, 0)
             heapq.heappush(self.wake_at, (now + wait, target))
@@ -720,6 +727,7 @@ class _Session:
         self.sched.refund(target, now)
         res = self.rules.dead(pj, "robots_disallowed", f"robots.txt disallows {pj.job['url']}",
                               0, now)
+        self.status.metrics.dead_letter(res.reason)
         self._finish(pj, res.outputs, res.seen)
         self._refill(target)
         return True
@@ -733,6 +741,13 @@ class _Session:
         self.status.add("outside_window")
         self._defer(target, min(wait, 3600.0), now)
         return True
+
+    def _deferred_targets(self) -> int:
+        """Targets resting now (the gauge, computed when the status is written)."""
+        now = time.monotonic()
+        for target in [t for t, until in self.deferred_until.items() if until <= now]:
+            del self.deferred_until[target]
+        return len(self.deferred_until)
 
     def _drop_stale(self) -> None:
         """Forget queued jobs of partitions this worker no longer owns."""
@@ -751,6 +766,7 @@ class _Session:
         job, target = pj.job, pj.target
         started = time.monotonic()
         result: Result | None = None
+        answered = -1  # no page request sent; 0: sent, no answer; else the answer's status
         try:
             rules = await self.robots.rules_for(job["url"], target)
             if rules is None:  # this slot was spent on robots.txt: go again later
@@ -769,7 +785,9 @@ class _Session:
                                                                   self.s.robots_agent):
                 raise RobotsDisallowedError(f"robots.txt disallows {job['url']}")
             else:
+                answered = 0
                 resp = await self.fetcher.get(job["url"])
+                answered = resp.status
                 result = self.rules.response(pj, resp, started)
         except CrawlfleetError as exc:
             result = self.rules.error(pj, exc, started)
@@ -784,12 +802,15 @@ class _Session:
         if result is None:
             return
         self._observe(target, result)
+        if answered >= 0:
+            self.status.metrics.request(result.outcome, answered, time.monotonic() - started)
         if result.outputs and result.outputs[0].topic == self.topo.fetched:
             self.status.add("fetched")
         elif result.seen[0] == "RETRYING":
             self.status.add("retries")
         else:
             self.status.add("dead")
+            self.status.metrics.dead_letter(result.reason)
         self._finish(pj, result.outputs, result.seen)
         self._refill(target)
 

@@ -47,6 +47,8 @@ class Result:
     seen: tuple[str, int]  # the job's dedupe state once this commits
     signal: Signal = Signal.NEUTRAL
     retry_after_s: float | None = None
+    outcome: str = ""  # its telemetry event's: ok, blocked, retry, dead
+    reason: str = ""  # ... and failure class (a dead letter's reason)
 
 
 class OutcomeRules:
@@ -74,7 +76,8 @@ class OutcomeRules:
             label = "blocked" if outcome.blocked else "ok"
             return Result([result, self.event(pj, resp.status, label, outcome.reason, started,
                                               len(resp.body))],
-                          (DONE, job["attempt"]), outcome.signal)
+                          (DONE, job["attempt"]), outcome.signal, outcome=label,
+                          reason=outcome.reason)
         if outcome.verdict is Verdict.RETRY:
             res = self.retry_or_dead(pj, outcome.reason, outcome.delay_s, resp.status, started)
         else:
@@ -115,7 +118,7 @@ class OutcomeRules:
                 else self.topology.frontier
             outputs += [lineage_event(self.enc, child, ENQUEUED, "fetch", "redirect", job["url"]),
                         self.enc.job(topic, child)]
-        return Result(outputs, (DONE, job["attempt"]), Signal.OK)
+        return Result(outputs, (DONE, job["attempt"]), Signal.OK, outcome="ok", reason=reason)
 
     def error(self, pj: Pending, exc: CrawlfleetError, started: float) -> Result:
         """A request that got no usable answer: timeouts and refused connections slow the
@@ -143,14 +146,14 @@ class OutcomeRules:
                  "delay_ms": int(max(delay_s, RETRY_DELAYS_S[0]) * 1000)}
         return Result([self.enc.job(self.topology.retry(tier), again),
                        self.event(pj, status, "retry", reason, started, 0)],
-                      (RETRYING, attempt))
+                      (RETRYING, attempt), outcome="retry", reason=reason)
 
     def dead(self, pj: Pending, reason: str, error: str, status: int,
              started: float) -> Result:
         job = pj.job
         return Result([self.enc.dead(job, None, pj.tp[0], reason, error, job["attempt"] + 1),
                        self.event(pj, status, "dead", reason, started, 0)],
-                      (DEAD, job["attempt"]))
+                      (DEAD, job["attempt"]), outcome="dead", reason=reason)
 
     def park(self, pj: Pending) -> Output:
         """The parked-queue changelog record of a job going to disk (see consumers.parking)."""

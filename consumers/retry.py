@@ -293,6 +293,7 @@ class RetryStage(BatchStage):
         consumer.resume(tps)
         if done.complete:
             self.status.add("restores")
+            self.status.metrics.restored(done.seconds)
             log.info("retry %s: timers of partitions %s restored in %.2f s", self.worker,
                      sorted(done.complete), done.seconds)
         if done.failed:

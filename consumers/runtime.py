@@ -29,6 +29,7 @@ from confluent_kafka import (
 )
 
 from consumers import faults
+from consumers.metrics import GaugeFn, WorkerMetrics
 from crawlfleet.config import Settings
 from crawlfleet.errors import CrawlfleetError, KafkaStageError
 from infra.kafka_io import Output, producer_conf
@@ -212,7 +213,13 @@ def holds_work(gauges: dict[str, Any]) -> dict[str, Any]:
 
 
 class StatusFile:
-    """Writes a worker's counters to ``status_dir`` so the CLI can show progress and drain."""
+    """Writes a worker's counters to ``status_dir`` so the CLI can show progress and drain.
+
+    The file is how ``crawl``, ``chaos`` and the tests see a worker's gauges and know the
+    pipeline drained, with no metrics server needed; when ``metrics`` serves, the same
+    counters and gauges are also exposed to Prometheus (read at scrape time).
+    ``gauge_fns`` are gauges computed only when the file is written, not on every loop.
+    """
 
     def __init__(self, status_dir: Path, stage: str, worker: str) -> None:
         status_dir.mkdir(parents=True, exist_ok=True)
@@ -221,6 +228,8 @@ class StatusFile:
         self.worker = worker
         self.counters: dict[str, int] = {}
         self.gauges: dict[str, int] = {}
+        self.gauge_fns: dict[str, GaugeFn] = {}
+        self.metrics = WorkerMetrics(stage, worker)
         self._last_write = 0.0
         self._last_activity = time.monotonic()
 
@@ -234,15 +243,19 @@ class StatusFile:
         if not force and now - self._last_write < 0.5:
             return
         self._last_write = now
+        for name, fn in self.gauge_fns.items():
+            self.gauges[name] = fn()
         data = {"stage": self.stage, "worker": self.worker, "pid": os.getpid(),
                 "counters": self.counters, "gauges": self.gauges,
-                "idle_s": round(now - self._last_activity, 3), "wall": time.time()}
+                "idle_s": round(now - self._last_activity, 3), "wall": time.time(),
+                "metrics_port": self.metrics.port}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(self.path)
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+        self.metrics.close()
 
 
 def read_statuses(status_dir: Path) -> list[dict[str, Any]]:

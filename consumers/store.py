@@ -284,6 +284,7 @@ class StoreStage:
         """A dead letter for crawl.dead (the complete record of failures), keyed by where
         the record was: a replay publishes it again, and its row collapses with the first."""
         self.status.add("undecodable")
+        self.status.metrics.dead_letter(exc.reason)
         return replace(self._encoder.undecodable(msg, exc),
                        key=_OWN_DEAD_KEY + event_id.encode())
 

@@ -177,7 +177,11 @@ def worker_cmd(stage: Annotated[str, typer.Argument(help="fetch | parse | store 
                    help="Allow private/loopback/link-local targets.")] = None,
                allow_hosts: AllowHostsOpt = None,
                rate_cap: Annotated[float | None, typer.Option(
-                   help="Requests per second per target.")] = None) -> None:
+                   help="Requests per second per target.")] = None,
+               metrics_port: Annotated[int | None, typer.Option(
+                   help="Serve Prometheus metrics on this port (0: any free one, logged and "
+                   "in the status file); off by default [env CRAWLFLEET_METRICS_PORT].")
+               ] = None) -> None:
     """Run one stage worker until SIGTERM (then leave the group cleanly)."""
     from consumers.runtime import StopFlag
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -185,9 +189,12 @@ def worker_cmd(stage: Annotated[str, typer.Argument(help="fetch | parse | store 
         s = _on_cluster(_settings(config, bootstrap=bootstrap, clickhouse=clickhouse,
                                   data_dir=data_dir, topic_prefix=topic_prefix,
                                   allow_private=allow_private, allow_hosts=allow_hosts,
-                                  rate_cap=rate_cap))
+                                  rate_cap=rate_cap, metrics_port=metrics_port))
         stop = StopFlag().install()
         runner = _stage(stage, s, worker_id, stop)
+        if s.metrics_port >= 0:
+            runner.status.metrics.serve(s, runner.status)
+            runner.status.write(force=True)  # the port, for whoever looks for it
         _tune_gc()
         runner.run()
     except CrawlfleetError as exc:
@@ -576,6 +583,36 @@ def trace_cmd(url: Annotated[str, typer.Argument(help="The URL to follow.")],
             sys.stdout.write("\t".join(row) + "\n")
     else:
         _print_rows(trace.COLUMNS, [e.row() for e in events])
+
+
+# --- doctor --------------------------------------------------------------------------------
+
+
+@app.command("doctor")
+def doctor_cmd(config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
+               data_dir: DataDirOpt = None,
+               window: Annotated[float, typer.Option(
+                   help="Seconds of fetch telemetry to size leases from.")] = 3600.0,
+               bootstrap: BootstrapOpt = None, topic_prefix: PrefixOpt = None,
+               kafka: Annotated[bool, typer.Option(
+                   "--kafka/--no-kafka", help="Also check the topics on the broker.")] = True
+               ) -> None:
+    """Check the settings against measured fetch durations: each finding with its fix."""
+    from crawlfleet import doctor
+    try:
+        s = _settings(config, clickhouse=clickhouse, data_dir=data_dir, bootstrap=bootstrap,
+                      topic_prefix=topic_prefix)
+        results, _ = doctor.diagnose(s, window, kafka=kafka)
+    except CrawlfleetError as exc:
+        _fail(exc)
+        return
+    t = Table("check", "value", "verdict", "fix", title="crawlfleet doctor")
+    colour = {doctor.OK: "green", doctor.WARN: "yellow", doctor.FAIL: "red"}
+    for c in results:
+        t.add_row(c.name, c.value, f"[{colour.get(c.verdict, 'dim')}]{c.verdict}[/]", c.fix)
+    console.print(t)
+    if doctor.failed(results):
+        raise typer.Exit(1)
 
 
 # --- demo ----------------------------------------------------------------------------------

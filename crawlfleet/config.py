@@ -152,6 +152,11 @@ class Settings:
     #: Rows per ClickHouse insert batch (store stage), and the longest wait to fill one.
     store_batch_rows: int = 5000
     store_batch_wait_s: float = 0.25
+    #: Port of the worker's Prometheus endpoint (``/metrics``): -1 = off, 0 = any free port
+    #: (logged, and written to the worker's status file as ``metrics_port``).
+    metrics_port: int = -1
+    #: Address the metrics endpoint binds; loopback unless a scraper elsewhere needs it.
+    metrics_bind: str = "127.0.0.1"
     #: Code revision reported in telemetry's version tuple.
     code_revision: str = __version__
     profile_bundle_version: str = "1"
@@ -173,6 +178,11 @@ class Settings:
     @property
     def status_dir(self) -> Path:
         return self.data_dir / "status" / (self.topic_prefix.rstrip(".") or "default")
+
+    @property
+    def dedupe_horizon_s(self) -> float:
+        """How long a job's dedupe key must live: the retry horizon plus the longest lease."""
+        return self.retry_horizon_s + self.max_poll_interval_ms / 1000.0
 
     @property
     def retry_horizon_s(self) -> float:
@@ -231,7 +241,7 @@ def _problems(s: Settings) -> list[str]:
     for target, cap in s.rate_caps.items():
         if cap <= 0:
             out.append(f"rate_caps[{target!r}] must be > 0")
-    horizon = s.retry_horizon_s + s.max_poll_interval_ms / 1000.0
+    horizon = s.dedupe_horizon_s
     if s.seen_ttl_s <= horizon:
         out.append(f"seen_ttl_s ({s.seen_ttl_s:g}s) must exceed the retry horizon plus the "
                    f"longest lease ({horizon:g}s), or a retried job could be fetched twice")
@@ -246,6 +256,10 @@ def _problems(s: Settings) -> list[str]:
         if not _host_or_network(entry):
             out.append(f"allow_hosts entry {entry!r} is not a host name, IP address or "
                        "CIDR network")
+    if not -1 <= s.metrics_port <= 65535:
+        out.append("metrics_port must be -1 (off), 0 (any free port) or a port number")
+    if not s.metrics_bind.strip():
+        out.append("metrics_bind must not be empty")
     if not s.user_agent.strip():
         out.append("user_agent must not be empty")
     return out

@@ -39,6 +39,21 @@ DEAD_COLUMNS = ("event_id", "failed_at", "url", "target", "profile", "source_top
 LINEAGE_COLUMNS = ("event_id", "ts", "dedupe_key", "url", "target", "profile", "state",
                    "attempt", "parent_url", "detail", "stage", "worker", "version")
 
+#: Telemetry events that stand for no page request (refused before one was sent).
+NO_REQUEST_REASONS = ("robots_disallowed", "robots_unreachable", "address_not_allowed",
+                      "invalid_url")
+
+
+def job_duration_sql(window_s: float) -> str:
+    """Count, p50/p95/p99 and max of page-request durations (ms) over the last ``window_s``
+    (as the ``dash_job_durations`` view, per hour)."""
+    skip = ", ".join(f"'{r}'" for r in NO_REQUEST_REASONS)
+    since = f"now64(3) - toIntervalSecond({int(window_s)})"
+    # Built from constants and an int only.
+    where = f"WHERE ts >= {since} AND reason NOT IN ({skip})"
+    return ("SELECT count(), quantilesExact(0.5, 0.95, 0.99)(elapsed_ms), max(elapsed_ms) "
+            "FROM fetch_events_v " + where)
+
 
 class Store:
     """A clickhouse-connect client plus crawlfleet's schema; thread-safe via one lock."""

@@ -26,3 +26,13 @@ SELECT fetcher_version, http_version, tls_version, profile_bundle_version, code_
        count() AS attempts, round(countIf(outcome = 'ok' AND status BETWEEN 200 AND 399) / count(), 4) AS success_rate
 FROM fetch_events FINAL
 GROUP BY fetcher_version, http_version, tls_version, profile_bundle_version, code_revision;
+
+-- Per-stage job durations per hour (only fetch requests are timed: see crawlfleet doctor).
+CREATE VIEW IF NOT EXISTS dash_job_durations AS
+SELECT 'fetch' AS stage, toStartOfHour(ts) AS hour, count() AS jobs,
+       quantileExact(0.5)(elapsed_ms) AS p50_ms, quantileExact(0.95)(elapsed_ms) AS p95_ms,
+       quantileExact(0.99)(elapsed_ms) AS p99_ms, max(elapsed_ms) AS max_ms
+FROM fetch_events FINAL
+WHERE reason NOT IN ('robots_disallowed', 'robots_unreachable', 'address_not_allowed',
+                     'invalid_url')
+GROUP BY hour ORDER BY hour;
