@@ -99,3 +99,50 @@ def test_a_piped_crawl_that_times_out_prints_plain_lines_and_removes_its_topics(
     assert prefix, proc.stdout
     topics = AdminClient(settings.kafka_common()).list_topics(timeout=10).topics
     assert not [t for t in topics if t.startswith(prefix.group(1))]
+
+
+def test_the_escape_hatch_and_dead_letter_commands_as_an_operator_runs_them(
+        settings: Settings, store: Settings) -> None:
+    """RUNBOOK's commands, as typed: pause/cap/resume reach crawl.control; dlq list/show
+    read the store; dlq replay --dry-run plans without publishing."""
+    import json
+    from datetime import UTC, datetime
+
+    from infra.clickhouse import DEAD_COLUMNS
+    from infra.kafka_io import topology_of
+    from producers.control import ControlReader
+    from schemas.codec import default_codec
+
+    create_topics(settings)
+    env = _env(settings, CRAWLFLEET_TOPIC_PREFIX=settings.topic_prefix)
+    for args in (["pause", "--target", "a.test"], ["cap", "b.test", "0.5"], ["pause"]):
+        proc = _cli(env, *args)
+        assert proc.returncode == 0, proc.stderr
+    reader = ControlReader(settings, topology_of(settings).control, default_codec())
+    try:
+        assert reader.catch_up(30)
+        assert reader.state.paused and "a.test" in reader.state.paused_targets
+        assert reader.state.caps == {"b.test": 0.5}
+        assert _cli(env, "resume").returncode == 0
+        assert reader.catch_up(30) and not reader.state.paused
+    finally:
+        reader.close()
+
+    job = {"url": "http://127.0.0.2:18099/gone", "profile": "default", "target": "127.0.0.2",
+           "depth": 0, "attempt": 3, "priority": 0, "parent_url": None, "last_error": "http_503",
+           "delay_ms": 0, "meta": {}}
+    st = Store(store)
+    st.insert("dead_letters", DEAD_COLUMNS, [(
+        f"{settings.topic_prefix}crawl.dead:0:7", datetime.now(UTC), job["url"], "127.0.0.2",
+        "default", f"{settings.topic_prefix}crawl.frontier", "http_503", "HTTP 503 from x", 3,
+        "fetch-0", "0.1.0", "00", json.dumps(job))], "t1")
+    st.close()
+    listed = _cli(env, "dlq", "list", "--reason", "http_503", "--since", "1h")
+    assert listed.returncode == 0, listed.stderr
+    assert "crawl.dead:0:7" in listed.stdout and "gone" in listed.stdout
+    shown = _cli(env, "dlq", "show", f"{settings.topic_prefix}crawl.dead:0:7")
+    assert shown.returncode == 0, shown.stderr
+    assert "HTTP 503 from x" in shown.stdout
+    dry = _cli(env, "dlq", "replay", "--reason", "http_503", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "would replay" in dry.stdout and "1 to replay" in dry.stdout
