@@ -89,6 +89,8 @@ _STARVED_COMMIT_S = 0.1
 #: How long a starting worker waits for the control topic's end before it says so (and
 #: keeps waiting: it takes no work without the settings in force).
 CONTROL_CATCH_UP_S = 30.0
+#: A control topic that cannot be read is tried again after this long.
+CONTROL_RETRY_S = 2.0
 #: Expired dedupe keys are swept from the local store (a slice at a time) this often.
 SWEEP_EVERY_S = 10.0
 
@@ -204,6 +206,7 @@ class _Session:
             log.error("fetch %s: cannot read %s to its end; not taking work until it can",
                       self.st.worker, self.topo.control)
             self.status.add("control_catch_up_failures")
+            time.sleep(CONTROL_RETRY_S)  # a missing topic fails at once: do not spin
         self.ctl_paused = self.control.state.paused
         self.consumer = Consumer(consumer_conf(self.s, group, self.st.worker))
         self.membership.subscribe(self.consumer, self._on_assign, self._on_revoke,
