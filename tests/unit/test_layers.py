@@ -28,3 +28,12 @@ def test_the_contract_covers_every_package_top_to_bottom() -> None:
     assert layers[0] == "crawlfleet.cli" and layers[-1] == "crawlfleet.errors"
     assert layers.index("consumers") < layers.index("producers") < layers.index("infra") \
         < layers.index("schemas")
+
+
+def test_test_modules_have_unique_names() -> None:
+    """pytest imports test files by basename (no packages): a unit and an integration test
+    of the same name stop the whole suite at collection."""
+    tests = Path(__file__).resolve().parents[1]
+    unit = {p.name for p in (tests / "unit").glob("test_*.py")}
+    integration = {p.name for p in (tests / "integration").glob("test_*.py")}
+    assert not unit & integration
