@@ -71,6 +71,7 @@ from infra.kafka_io import (
     consume_ready,
     consumer_conf,
     offset_of,
+    stable_committed,
     topology_of,
     tp_of,
 )
@@ -231,14 +232,8 @@ class _Session:
             self.seen.drop(p)
             self.parked.dropped(p)
             self.parked.store.drop(p)
-        tps = self.membership.expand([TopicPartition(self.topo.frontier, p) for p in parts])
-        reader = Consumer({**self.s.kafka_common(), "group.id": self.topo.group("fetch"),
-                           "enable.auto.commit": False, "isolation.level": "read_committed"})
-        try:
-            offsets = {(tp.topic, tp.partition): tp.offset
-                       for tp in reader.committed(tps, timeout=30)}
-        finally:
-            reader.close()
+        offsets = stable_committed(self.s, self.topo.group("fetch"), self.membership.expand(
+            [TopicPartition(self.topo.frontier, p) for p in parts]))
         timeout = self.s.restore_timeout_s
         n, failed = self.seen.restore_partitions(self.s, self.topo.seen, sorted(parts),
                                                  self.enc.codec, timeout)

@@ -40,7 +40,7 @@ from consumers.batch_stage import BatchStage
 from consumers.restorer import Restored, Restorer
 from consumers.state_store import META, StateStore
 from crawlfleet.errors import DecodeError
-from infra.kafka_io import Output, offset_of, producer_conf, tp_of
+from infra.kafka_io import Output, offset_of, producer_conf, stable_committed, tp_of
 from producers.lineage import RELEASED, lineage_event
 from schemas.topics import HEADER_SCHEMA, RETRY_DELAYS_S
 
@@ -254,18 +254,10 @@ class RetryStage(BatchStage):
 
     def _restore(self, parts: set[int]) -> tuple[set[int], Any]:
         """Restore thread: committed offsets, then the timer stores of ``parts``."""
-        tps = [TopicPartition(t, p) for t in self._tiers for p in sorted(parts)]
-        reader = Consumer({**self.settings.kafka_common(),
-                           "group.id": self.topology.group(self.stage),
-                           "enable.auto.commit": False, "isolation.level": "read_committed"})
-        try:
-            # read_committed asks for stable offsets (KIP-447): this waits for a former
-            # owner's pending transactional offsets, so its last timers are on the changelog
-            # before the restore reads it.
-            offsets = {(tp.topic, tp.partition): tp.offset
-                       for tp in reader.committed(tps, timeout=30)}
-        finally:
-            reader.close()
+        # Stable offsets: a former owner's last timers are on the changelog before we read it.
+        offsets = stable_committed(self.settings, self.topology.group(self.stage),
+                                   [TopicPartition(t, p) for t in self._tiers
+                                    for p in sorted(parts)])
         for part in parts:
             self.store.drop(part)  # a leftover DB is reopened from its checkpoint
         failed = self.store.restore(self.settings, self.topology.timers, parts,

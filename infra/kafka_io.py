@@ -115,6 +115,23 @@ def consume_ready(consumer: Consumer, max_n: int, timeout: float) -> list[Messag
     return [first, *consumer.consume(max_n - 1, 0)]
 
 
+def stable_committed(settings: Settings, group: str,
+                     partitions: list[TopicPartition]) -> dict[tuple[str, int], int]:
+    """``group``'s committed offset per partition (-1001: none), read as *stable* offsets.
+
+    A ``read_committed`` client asks for stable offsets (KIP-447): the read waits until a
+    former owner's pending transactional offsets are committed or aborted, so whatever that
+    transaction wrote to a changelog is settled before a restore reads it.
+    """
+    reader = Consumer({**settings.kafka_common(), "group.id": group,
+                       "enable.auto.commit": False, "isolation.level": "read_committed"})
+    try:
+        return {(tp.topic, tp.partition): tp.offset
+                for tp in reader.committed(partitions, timeout=30)}
+    finally:
+        reader.close()
+
+
 def rewind(consumer: Consumer, partitions: list[TopicPartition]) -> None:
     """Seek ``partitions`` back to their committed offsets (after an aborted transaction)."""
     if not partitions:

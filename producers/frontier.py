@@ -9,16 +9,16 @@ dropped by the fetch stage, which owns the target's dedupe state.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from crawlfleet.config import Settings
 from crawlfleet.errors import CrawlfleetError, InvalidURLError, KafkaStageError
 from crawlfleet.urls import canonicalize, dedupe_key, target_of
-from infra.kafka_io import Encoder, producer_conf, topology_of
+from infra.kafka_io import Encoder, Output, producer_conf, topology_of
 from producers.backpressure import FrontierGate
 from producers.lineage import ENQUEUED, lineage_event
 
@@ -103,14 +103,7 @@ def publish(lines: Iterable[str], settings: Settings) -> PublishReport:
             topic = topology.frontier_high if job["priority"] > 0 else topology.frontier
             for out in (encoder.job(topic, job),
                         lineage_event(encoder, job, ENQUEUED, "publish", "seed")):
-                while True:
-                    try:
-                        producer.produce(out.topic, value=out.value, key=out.key,
-                                         partition=out.partition, headers=out.headers,
-                                         on_delivery=on_delivery)
-                        break
-                    except BufferError:
-                        producer.poll(0.1)
+                produce_patiently(producer, out, on_delivery)
             report.published += 1
             gate.add(1)
             producer.poll(0)
@@ -123,3 +116,15 @@ def publish(lines: Iterable[str], settings: Settings) -> PublishReport:
         raise KafkaStageError(f"{remaining} undelivered, {len(failures)} failed: "
                               f"{failures[:3]}")
     return report
+
+
+def produce_patiently(producer: Producer, out: Output,
+                      on_delivery: Callable[[KafkaError | None, Message], None]) -> None:
+    """Produce ``out``, serving deliveries while the producer's queue is full."""
+    while True:
+        try:
+            producer.produce(out.topic, value=out.value, key=out.key, partition=out.partition,
+                             headers=out.headers, on_delivery=on_delivery)
+            return
+        except BufferError:
+            producer.poll(0.1)

@@ -32,6 +32,7 @@ from crawlfleet.errors import KafkaStageError
 from crawlfleet.urls import dedupe_key
 from infra.kafka_io import Encoder, producer_conf, topology_of
 from producers.backpressure import FrontierGate
+from producers.frontier import produce_patiently
 from producers.lineage import ENQUEUED, lineage_event
 
 #: Job meta key of the replay id (reserved, like ``redirect_hops``).
@@ -98,14 +99,7 @@ def publish_replays(jobs: Iterable[dict[str, Any]], settings: Settings) -> Repla
             for out in (encoder.job(topic, job),
                         lineage_event(encoder, job, ENQUEUED, "replay", f"replay {rid}",
                                       job.get("parent_url"))):
-                while True:
-                    try:
-                        producer.produce(out.topic, value=out.value, key=out.key,
-                                         partition=out.partition, headers=out.headers,
-                                         on_delivery=on_delivery)
-                        break
-                    except BufferError:
-                        producer.poll(0.1)
+                produce_patiently(producer, out, on_delivery)
             report.published += 1
             gate.add(1)
             producer.poll(0)

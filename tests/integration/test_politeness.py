@@ -161,9 +161,14 @@ def test_bulk_tier_keeps_its_share_while_the_high_tier_is_busy(
     with DemoSite(spec) as site:
         fleet_factory(s, Plan())
         publish([*bulk, *(json.dumps({"url": u, "priority": 1}) for u in high)], s)
-        _wait(lambda: _pages_requested(site, set(urls)) >= 60, 120, "60 page requests")
+        _wait(lambda: _pages_requested(site, set(urls)) >= 70, 120, "70 page requests")
         _, log = site.snapshot()
-    order = [f"http://{h}:{site_port}{p}" for _, h, p in log if p != "/robots.txt"][:50]
+    pages = [f"http://{h}:{site_port}{p}" for _, h, p in log if p != "/robots.txt"]
+    # Bulk records were published first, so the first few requests may come before the high
+    # tier's records reached the worker: count from the first high-tier request, when both
+    # tiers are full (for the next 50 requests): high gets ~80%, bulk keeps ~20%.
+    first_high = next(i for i, u in enumerate(pages) if u in set(high))
+    order = pages[first_high:first_high + 50]
+    assert len(order) == 50
     from_bulk = sum(1 for u in order if u in set(bulk))
-    # Both tiers are full for the first 50 requests: high gets ~80%, bulk keeps ~20%.
     assert 8 <= from_bulk <= 14, from_bulk
