@@ -92,8 +92,11 @@ def test_trace_follows_each_job_through_the_pipeline(settings: Settings, site_po
         assert flaky.count("fetched") == 1
 
         gone = trace(s, u["gone"])
-        assert _before(_names(gone, u["gone"]), "enqueued", "retried", "released", "failed",
-                       "dead")
+        # The last attempt's fetch event and its dead letter are one step, stamped by two
+        # records within the same millisecond or so: either may sort first.
+        names = _names(gone, u["gone"])
+        assert _before(names, "enqueued", "retried", "released") and \
+            {"failed", "dead"} <= set(names[names.index("released"):])
         dead = next(e for e in gone if e.event == "dead")
         assert dead.detail.startswith("http_503") and "dlq show" in dead.detail
 
