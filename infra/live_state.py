@@ -1,0 +1,125 @@
+"""Live entries of a compacted state changelog, as the broker holds them.
+
+"Drained" must be read from the broker, never from a worker's gauges: a job parked on disk
+or waiting in a timer store is work even when no worker has it in memory (a worker that
+restored it may have died, or dropped it). This reads a changelog (``crawl.parked``,
+``crawl.timers``) from its start to its end with a ``read_committed`` consumer and counts,
+per partition, the keys whose latest committed value is not a tombstone.
+
+It waits for the end of each partition to be *stable*: the last stable offset equals the
+high watermark, i.e. no transaction is still open on it. A read that stops at the LSO while
+a transaction is open would miss that transaction's writes (or tombstones) and report a
+count that is about to change; an open transaction is itself work in progress, so the count
+reports ``unsettled`` instead of guessing.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from crawlfleet.config import Settings
+from crawlfleet.errors import InfraError
+
+
+@dataclass
+class LiveEntries:
+    """Per-partition live keys of one changelog; ``unsettled`` partitions had an open
+    transaction (or could not be read to their end) when counted."""
+
+    topic: str
+    counts: dict[int, int] = field(default_factory=dict)
+    keys: dict[int, set[bytes]] = field(default_factory=dict)
+    unsettled: set[int] = field(default_factory=set)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def settled(self) -> bool:
+        return not self.unsettled
+
+
+def live_entries(settings: Settings, topic: str, partitions: int,
+                 timeout_s: float = 10.0) -> LiveEntries:
+    """Count the live (non-tombstone) keys of each of ``partitions`` partitions of ``topic``.
+
+    Raises :class:`InfraError` when the broker cannot be asked at all; a partition that could
+    not be read to a stable end within ``timeout_s`` is listed in ``unsettled``.
+    """
+    out = LiveEntries(topic)
+    conf = {**settings.kafka_common(), "group.id": f"crawlfleet-live-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False, "isolation.level": "read_committed",
+            "enable.partition.eof": True, "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 10}
+    ends = high_watermarks(settings, topic, partitions, timeout_s)
+    for p in range(partitions):
+        out.counts[p] = 0
+        out.keys[p] = set()
+    consumer = Consumer(conf)
+    try:
+        todo = {p for p, high in ends.items() if high > 0}
+        if not todo:
+            return out
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(todo)])
+        live: dict[int, dict[bytes, bool]] = {p: {} for p in todo}
+        reached: dict[int, int] = {}
+        deadline = time.monotonic() + timeout_s
+        while todo - set(reached) and time.monotonic() < deadline:
+            msg = consumer.poll(0.1)
+            if msg is None:
+                continue
+            part = msg.partition()
+            assert part is not None
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    # Under read_committed the EOF is at the LSO: stable only if it is the
+                    # high watermark (no open transaction on this partition).
+                    reached[part] = msg.offset() or 0
+                continue
+            key = msg.key()
+            if key is None:
+                continue
+            k = key.encode() if isinstance(key, str) else key
+            live[part][k] = msg.value() is not None
+        for p in todo:
+            at = reached.get(p)
+            if at is None:
+                out.unsettled.add(p)
+                continue
+            if at < ends[p]:
+                out.unsettled.add(p)  # an open transaction: work whose fate is not known yet
+            keys = {k for k, alive in live[p].items() if alive}
+            out.keys[p] = keys
+            out.counts[p] = len(keys)
+    finally:
+        consumer.close()
+    return out
+
+
+def high_watermarks(settings: Settings, topic: str, partitions: int,
+                    timeout_s: float = 10.0) -> dict[int, int]:
+    """The high watermark of each partition, in one request (read_uncommitted: a
+    ``read_committed`` client's watermark is the last stable offset instead)."""
+    admin = AdminClient(settings.kafka_common())
+    asked = {TopicPartition(topic, p): OffsetSpec.latest()  # type: ignore[no-untyped-call]
+             for p in range(partitions)}
+    try:
+        futures = admin.list_offsets(asked, isolation_level=IsolationLevel.READ_UNCOMMITTED,
+                                     request_timeout=timeout_s)
+        return {tp.partition: f.result().offset for tp, f in futures.items()}
+    except KafkaException as exc:
+        raise InfraError(f"cannot read the end of {topic}: {exc}") from exc
