@@ -716,3 +716,59 @@ def _check_node_id(cluster: _Cluster, node_id: int) -> None:
             f"node {node_id} is not part of this {cluster.nodes}-node cluster "
             f"(ids 1..{cluster.nodes})"
         )
+
+
+def node_pid(node_id: int, base_dir: Path | None = None) -> int | None:
+    """The pid of a running node (a SIGSTOPped one counts as running), else None."""
+    home = kafka_home(base_dir)
+    _check_node_id(_require_cluster(home), node_id)
+    pid, running = _node_running(home, node_id)
+    return pid if running else None
+
+
+def freeze_node(node_id: int, base_dir: Path | None = None) -> int:
+    """SIGSTOP one node: a hung broker, not a dead one (its sockets stay open, nothing
+    answers). Returns the pid, for :func:`thaw_node`; the caller must thaw it."""
+    pid = node_pid(node_id, base_dir)
+    if pid is None:
+        raise InfraError(f"Kafka node {node_id} is not running: nothing to freeze")
+    os.kill(pid, signal.SIGSTOP)
+    _log.info("froze Kafka node %d (pid %d)", node_id, pid)
+    return pid
+
+
+def thaw_node(node_id: int, base_dir: Path | None = None) -> None:
+    """SIGCONT a node :func:`freeze_node` stopped (a no-op for a running one)."""
+    pid = node_pid(node_id, base_dir)
+    if pid is not None:
+        os.kill(pid, signal.SIGCONT)
+        _log.info("thawed Kafka node %d (pid %d)", node_id, pid)
+
+
+def restart_all(base_dir: Path | None = None, hard: bool = True, down_s: float = 0.0,
+                timeout_s: float = 120.0) -> None:
+    """Stop every node at once (SIGKILL, or SIGTERM with ``hard=False``), wait ``down_s``,
+    and start them all again on their data: a whole-cluster outage, as a power cut makes."""
+    home = kafka_home(base_dir)
+    cluster = _require_cluster(home)
+    with _locked(home / ".cluster.lock"):
+        pids: dict[int, Path] = {}
+        for node_id in cluster.node_ids():
+            pid, running = _node_running(home, node_id)
+            if pid is not None and running:
+                pids[pid] = _props_path(home, node_id)
+        if hard:
+            for pid in pids:
+                _signal(pid, signal.SIGCONT)  # a frozen node must die too, not linger
+                _signal(pid, signal.SIGKILL)
+            if _wait_gone(pids, 10.0):
+                raise InfraError(f"Kafka processes {sorted(pids)} survived SIGKILL")
+        else:
+            _terminate(pids, 30.0)
+        for node_id in cluster.node_ids():
+            _pid_path(home, node_id).unlink(missing_ok=True)
+    if down_s > 0:
+        time.sleep(down_s)
+    with _locked(home / ".cluster.lock"):
+        _start_nodes(home, cluster, cluster.node_ids())
+        _wait_ready(home, cluster, cluster.node_ids(), timeout_s)
