@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: sysdeps setup demo test lint bench clean-cache
+.PHONY: sysdeps setup demo test lint bench soak clean-cache
 
 # System tools: Java + Maven run the local Kafka.
 sysdeps:
@@ -34,6 +34,14 @@ test: lint
 
 bench: setup
 	$(BIN)/python -m bench.crawl_bench --pages 10000
+
+# The fault soak: rounds of the 3-broker chaos scenario with mixed faults, each appended to
+# bench/soak_results.jsonl (commit it); stops at the first round that loses or duplicates
+# anything and leaves its evidence. Run it with nothing else on the machine, in pieces of at
+# most 60 minutes: rounds on one commit add up (`crawlfleet chaos --summary`).
+MINUTES ?= 60
+soak: setup
+	$(BIN)/crawlfleet chaos --soak $(MINUTES)
 
 clean-cache:
 	rm -rf .crawlfleet

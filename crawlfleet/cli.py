@@ -336,13 +336,17 @@ def cap_cmd(target: Annotated[str, typer.Argument(help="Target (host).")],
 
 
 @app.command("chaos")
-def chaos_cmd(pages: Annotated[int, typer.Option(help="Pages of the local test site.")] = 5000,
-              hosts: Annotated[int, typer.Option(help="Hosts the pages are spread over.")] = 20,
+def chaos_cmd(pages: Annotated[int | None, typer.Option(
+                  help="Pages of the local test site (default 5000; with --soak 1500).")
+              ] = None,
+              hosts: Annotated[int | None, typer.Option(
+                  help="Hosts the pages are spread over (default 20; with --soak 8).")] = None,
               rate_cap: Annotated[float, typer.Option(
                   help="Requests/s per host (the crawler's default is 2); 0: a pace that "
                        "makes the crawl last about a minute.")] = 2.0,
-              nodes: Annotated[int, typer.Option(help="Kafka nodes: 1, or 3 with a broker "
-                                                      "killed and restarted mid-crawl.")] = 1,
+              nodes: Annotated[int | None, typer.Option(
+                  help="Kafka nodes: 1, or 3 with a broker killed and restarted mid-crawl "
+                       "(default 1; with --soak 3).")] = None,
               fetch_workers: Annotated[int, typer.Option()] = 2,
               parse_workers: Annotated[int, typer.Option()] = 2,
               kill_every: Annotated[float, typer.Option(
@@ -359,29 +363,84 @@ def chaos_cmd(pages: Annotated[int, typer.Option(help="Pages of the local test s
               timeout: Annotated[float, typer.Option(help="Give up a crawl after seconds.")
                                  ] = 900.0,
               report_json: Annotated[Path | None, typer.Option(
-                  help="Also write the report as JSON here.")] = None) -> None:
+                  help="Also write the report as JSON here.")] = None,
+              soak: Annotated[float, typer.Option(
+                  "--soak", metavar="MINUTES",
+                  help="Loop rounds of the 3-broker scenario with mixed faults for this "
+                       "many minutes; stop at the first round that fails.")] = 0.0,
+              faults: Annotated[str, typer.Option(
+                  help="Heavy faults the soak mixes, comma-separated (default all: "
+                       "broker_kill, broker_freeze, restart_all, store_restart, "
+                       "state_wipe).")] = "",
+              faults_per_round: Annotated[int, typer.Option(
+                  help="Heavy faults per soak round, besides the worker kills.")] = 2,
+              results: Annotated[Path | None, typer.Option(
+                  help="The soak's results file (default bench/soak_results.jsonl).")] = None,
+              summary: Annotated[bool, typer.Option(
+                  "--summary", help="Print the soak results' totals per commit and exit.")
+              ] = False) -> None:
     """Crawl a local site while killing (-9) workers; report losses, duplicates, pace kept.
 
     Defaults: issue 11's scenario (20 hosts x 250 pages at 2 req/s per host; 2 fetch, 2 parse,
     store, retry; a kill every 8 s; default session timeout), then the same with no kills.
     Exit 1 unless nothing was lost or duplicated, over-apply kept its bound and (with the
-    baseline) >= 80% of the no-kill pace was retained.
+    baseline) >= 80% of the no-kill pace was retained. With --soak, rounds of worker kills
+    plus broker kills, frozen brokers, whole-cluster restarts, store restarts under readers
+    and wiped local state, each round appended to the results file; exit 1 if one failed.
     """
-    from crawlfleet import chaos
+    if summary:
+        from crawlfleet import soak as soak_mod
+        rounds = soak_mod.read_results(results or soak_mod.RESULTS)
+        console.print(soak_mod.summary_table(soak_mod.summarise(rounds)))
+        return
+    if soak:
+        _soak(soak, pages=pages or 1500, hosts=hosts or 8, nodes=nodes or 3,
+              rate_cap=rate_cap, fetch_workers=fetch_workers, parse_workers=parse_workers,
+              kill_every=kill_every, seed=seed, data_dir=data_dir, timeout=timeout,
+              faults=faults, faults_per_round=faults_per_round, results=results)
+        return
+    from crawlfleet import chaos, chaos_report
     try:
-        report = chaos.run_chaos(pages=pages, nodes=nodes, fetch_workers=fetch_workers,
-                                 parse_workers=parse_workers, kill_every_s=kill_every,
-                                 seed=seed, data_dir=data_dir, timeout_s=timeout,
-                                 console=err_console, rate_cap=rate_cap or None, hosts=hosts,
+        report = chaos.run_chaos(pages=pages or 5000, nodes=nodes or 1,
+                                 fetch_workers=fetch_workers, parse_workers=parse_workers,
+                                 kill_every_s=kill_every, seed=seed, data_dir=data_dir,
+                                 timeout_s=timeout, console=err_console,
+                                 rate_cap=rate_cap or None, hosts=hosts or 20,
                                  baseline=baseline, kill_for_s=kill_for or None)
     except CrawlfleetError as exc:
         _fail(exc)
         return
-    chaos.print_report(report, console)
+    chaos_report.print_report(report, console)
     if report_json:
-        chaos.write_json(report, report_json)
+        chaos_report.write_json(report, report_json)
     good = report.meets_target if baseline else report.ok and report.within_bound
     if not good:
+        raise typer.Exit(1)
+
+
+def _soak(minutes: float, *, pages: int, hosts: int, nodes: int, rate_cap: float,
+          fetch_workers: int, parse_workers: int, kill_every: float, seed: int,
+          data_dir: Path | None, timeout: float, faults: str, faults_per_round: int,
+          results: Path | None) -> None:
+    from crawlfleet import soak as soak_mod
+    from crawlfleet.fault_plan import HEAVY
+    kinds = tuple(k.strip() for k in faults.split(",") if k.strip()) or HEAVY
+    cfg = soak_mod.SoakConfig(
+        minutes=minutes, pages=pages, hosts=hosts, nodes=nodes, rate_cap=rate_cap or 2.0,
+        fetch_workers=fetch_workers, parse_workers=parse_workers, kill_every_s=kill_every,
+        seed=seed, data_dir=data_dir, round_timeout_s=min(timeout, 600.0), kinds=kinds,
+        heavy_per_round=faults_per_round, results=results or soak_mod.RESULTS)
+    try:
+        outcome = soak_mod.run_soak(cfg, err_console)
+    except CrawlfleetError as exc:
+        _fail(exc)
+        return
+    console.print(soak_mod.summary_table(soak_mod.summarise(
+        soak_mod.read_results(cfg.results))))
+    if outcome.failed is not None:
+        err_console.print(f"[red]soak stopped: round {len(outcome.rounds) - 1} failed "
+                          f"({'; '.join(outcome.failed.failures)}); evidence in "
+                          f"{outcome.failed.evidence}[/red]")
         raise typer.Exit(1)
 
 

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from crawlfleet.chaos import (
-    RESTART_ALLOWANCE_S,
+from crawlfleet.chaos import paced_rate_cap
+from crawlfleet.chaos_report import (
     RETENTION_TARGET,
     ChaosReport,
     Phase,
-    exposure_window_s,
     kill_window,
-    paced_rate_cap,
     pages_in_window,
     retention_of,
 )
+from crawlfleet.chaos_run import RESTART_ALLOWANCE_S, exposure_window_s
+from crawlfleet.drain import BrokerState
+from crawlfleet.exposure import Bound
+from crawlfleet.loss_check import StoreRows, check
 
 
 def _phase(pages_per_s: float) -> Phase:
@@ -23,19 +25,25 @@ def _phase(pages_per_s: float) -> Phase:
                  drained=True, lost=0)
 
 
-def _report(kill_rate: float | None, base_rate: float | None, **kw: object) -> ChaosReport:
-    fields: dict[str, object] = dict(
-        pages=100, nodes=1, fetch_workers=2, parse_workers=2, kill_every_s=8.0, seed=1,
-        rate_cap=2.0, topic_prefix="t.", pages_expected=100, pages_stored=100,
-        distinct_urls=100, raw_rows=100, dead_lettered=0, dead_by_reason={}, lost=0,
-        lost_sample=[], unexpected_pages=0, wrong_status=0, final_duplicates=0,
-        committed_duplicates=0, parsed_records=100, stored_duplicates=0, page_requests=101,
-        distinct_requested=100, robots_requests=1, over_apply_ratio=1.01,
-        inflight_at_kills=1, fetch_exposure=2, over_apply_bound=1.02, kills=[],
-        broker_kills=[], restarts=3, seconds=60.0, crawl_seconds=50.0, drain_seconds=3.0,
-        drained=True)
-    fields.update(kw)
-    report = ChaosReport(**fields)  # type: ignore[arg-type]
+def _report(kill_rate: float | None, base_rate: float | None, *, lost: int = 0,
+            extra_requests: int = 1, bound: int = 2) -> ChaosReport:
+    """A report of 100 reachable pages, ``lost`` of them never stored, one URL requested
+    ``1 + extra_requests`` times, judged against an over-apply bound of ``bound``."""
+    urls = [f"http://h/{i}" for i in range(100)]
+    stored = urls[lost:]
+    requests = dict.fromkeys(stored, 1)
+    requests[urls[-1]] += extra_requests
+    verdict = check(dict.fromkeys(urls, 200), requests,
+                    StoreRows(final=dict.fromkeys(stored, 1), raw=dict.fromkeys(stored, 1),
+                              raw_keys=dict.fromkeys(stored, 1),
+                              status=dict.fromkeys(stored, 200), dead={}))
+    report = ChaosReport(
+        pages=100, nodes=1, hosts=8, fetch_workers=2, parse_workers=2, kill_every_s=8.0,
+        seed=1, rate_cap=2.0, topic_prefix="t.", session_timeout_s=30.0, verdict=verdict,
+        committed_duplicates=0, parsed_records=100, robots_requests=8,
+        bound=Bound(requests=bound, store_rows=0, legacy=0, gauge_missing=False, drops=1),
+        kills=[], faults=[], restarts=3, broker=BrokerState(), seconds=60.0,
+        crawl_seconds=50.0, drain_seconds=3.0, drained=True)
     report.kill_phase = _phase(kill_rate) if kill_rate is not None else None
     report.baseline = _phase(base_rate) if base_rate is not None else None
     return report
@@ -74,7 +82,8 @@ def test_target_needs_correctness_bound_and_retention() -> None:
     assert _report(32.0, 40.0).meets_target  # exactly the target
     assert not _report(31.9, 40.0).meets_target
     assert not _report(40.0, 40.0, lost=1).meets_target
-    assert not _report(40.0, 40.0, over_apply_ratio=1.05).meets_target
+    assert not _report(40.0, 40.0, extra_requests=3).meets_target  # 3 beyond a bound of 2
+    assert _report(40.0, 40.0, extra_requests=2).meets_target
     assert not _report(40.0, None).meets_target  # not measured is not met
     assert _report(32.0, 40.0).retention == pytest.approx(RETENTION_TARGET)
 

@@ -1,0 +1,428 @@
+"""One chaos round: a fleet crawling a local site while faults hit it, then the audit.
+
+The round starts every stage as its own process (:class:`crawlfleet.crawl.Fleet`, which
+restarts a dead one under its own worker id), waits until every group is stable, publishes
+the seeds, and then, while the crawl runs:
+
+* every ``kill_every_s`` (x 0.75..1.25) kills a worker with SIGKILL, the stages in a
+  shuffled cycle (:class:`crawlfleet.fault_plan.StageCycle`), until
+  :data:`KILL_UNTIL_PROGRESS` of the pages were requested (or ``kill_for_s``);
+* fires its heavy faults (:mod:`crawlfleet.fault_inject`) one at a time, each once its share
+  of the pages has been requested;
+* samples every worker's status for the over-apply bound (:mod:`crawlfleet.exposure`).
+
+Then it waits until the pipeline is drained, by the broker too (:mod:`crawlfleet.drain`),
+and audits the store with the independent checker (:mod:`crawlfleet.loss_check`). A round
+that fails keeps its evidence in its folder (:mod:`crawlfleet.evidence`).
+
+``chaos=False`` is the no-kill baseline: the same schedule is drawn at the same moments
+and nobody is killed, so its kill phase is the same span of the same crawl.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import random
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from confluent_kafka import ConsumerGroupState, KafkaException
+from confluent_kafka.admin import AdminClient
+from rich.console import Console
+
+from consumers.runtime import read_statuses
+from crawlfleet.broker_trace import committed_repeats
+from crawlfleet.chaos_report import (
+    ChaosReport,
+    FaultRecord,
+    Kill,
+    Phase,
+    kill_window,
+    pages_in_window,
+)
+from crawlfleet.config import Settings
+from crawlfleet.crawl import Fleet, Plan
+from crawlfleet.drain import DrainCheck, broker_state
+from crawlfleet.errors import InfraError
+from crawlfleet.evidence import keep_evidence
+from crawlfleet.exposure import Exposure
+from crawlfleet.fault_inject import (
+    FREEZE_MARGIN_S,
+    BrokerFreeze,
+    BrokerKill,
+    FaultThread,
+    RestartAll,
+    StoreRestart,
+    wipe_state,
+)
+from crawlfleet.fault_plan import (
+    BROKER_FREEZE,
+    BROKER_KILL,
+    RESTART_ALL,
+    STATE_WIPE,
+    STATEFUL_STAGES,
+    STORE_RESTART,
+    WORKER_KILL,
+    PlannedFault,
+    StageCycle,
+)
+from crawlfleet.loss_check import check_run
+from infra.clickhouse import PORT_FILE, run_query
+from infra.demo_site import DemoSite, SiteSpec
+from infra.kafka_io import topology_of
+from infra.topics import create_topics
+from producers.frontier import PublishReport, jobs_from_lines, publish
+
+#: Stop killing once this share of the expected pages has been requested: the tail of the
+#: crawl then drains without chaos, so "drained" measures recovery, not luck.
+KILL_UNTIL_PROGRESS = 0.9
+#: A restarted worker's process start-up plus its join, on a loaded two-core machine.
+RESTART_ALLOWANCE_S = 10.0
+TICK_S = 0.5
+#: Faults that can make every fetch worker drop its work (for the legacy estimate).
+FLEET_FAULTS = frozenset({BROKER_KILL, BROKER_FREEZE, RESTART_ALL})
+
+
+def exposure_window_s(session_timeout_ms: int) -> float:
+    """How long after a fetch kill or broker fault a rebalance can still drop fetch work:
+    the session timeout (a dead member's expiry) plus a replacement's start-up and join."""
+    return session_timeout_ms / 1000.0 + RESTART_ALLOWANCE_S
+
+
+@dataclass(frozen=True)
+class RoundSpec:
+    """The shape of one round and its fault schedule."""
+
+    pages: int
+    hosts: int
+    nodes: int
+    fetch_workers: int
+    parse_workers: int
+    kill_every_s: float
+    seed: int
+    timeout_s: float
+    rate_cap: float
+    partitions: int = 12
+    heavy: tuple[PlannedFault, ...] = ()
+    worker_kills: bool = True
+    kill_for_s: float | None = None
+    chaos: bool = True  # False: the baseline, the schedule drawn and nothing sent
+
+
+def round_settings(bootstrap: str, data_dir: Path, prefix: str, spec: RoundSpec,
+                   seeds: list[str]) -> Settings:
+    """A round's settings: the defaults a user gets, apart from what a local run needs."""
+    settings = Settings(
+        bootstrap_servers=bootstrap, data_dir=data_dir, topic_prefix=prefix,
+        partitions=spec.partitions, replication=3 if spec.nodes == 3 else 1,
+        allow_private=True, scope="seeds", rate_cap=spec.rate_cap)
+    targets = tuple(sorted({j["target"] for j in jobs_from_lines(seeds, settings,
+                                                                 PublishReport())}))
+    return settings.replace(allowed_targets=targets)
+
+
+class ChaosRound:
+    """Runs one round: the crawl loop, the faults, the drain, the audit."""
+
+    def __init__(self, spec: RoundSpec, settings: Settings, site_spec: SiteSpec,
+                 site: DemoSite, kafka_home: Path, console: Console) -> None:
+        self.spec = spec
+        self.s = settings
+        self.site_spec = site_spec
+        self.site = site
+        self.kafka_home = kafka_home
+        self.console = console
+        self.expected = site_spec.expected()
+        self.topo = topology_of(settings)
+        self.plan = Plan(fetch_workers=spec.fetch_workers, parse_workers=spec.parse_workers)
+        self.fleet = Fleet(settings, self.plan, settings.data_dir / "logs")
+        self.rng = random.Random(spec.seed)  # noqa: S311 - a reproducible schedule
+        self.kill_cycle = StageCycle(self.rng)
+        self.wipe_cycle = StageCycle(random.Random(spec.seed + 1))  # noqa: S311
+        self.exposure = Exposure(exposure_window_s(settings.session_timeout_ms))
+        self.kills: list[Kill] = []
+        self.faults: list[FaultRecord] = []
+        self.notes: list[str] = []
+        self.active: FaultThread | None = None
+        self._active_window = ""
+        self._lock = threading.Lock()  # fleet.procs: the loop heals, fault threads kill
+        self.began = time.monotonic()
+        self.t0 = self.began
+        self.published_wall = time.time()
+        self._mono_offset = time.time() - time.monotonic()
+
+    # --- the crawl ----------------------------------------------------------------------
+
+    def execute(self) -> ChaosReport:
+        self.s.data_dir.mkdir(parents=True, exist_ok=True)
+        create_topics(self.s)
+        self.fleet.start()
+        drain = DrainCheck(self.s, self.topo, self.fleet)
+        try:
+            if not self._await_groups():
+                self.notes.append("the groups were not all stable before the seeds went out")
+            report = publish(self.site_spec.seeds(), self.s)
+            if report.errors:
+                raise InfraError(f"seed errors: {report.errors[:3]}")
+            self.t0 = time.monotonic()
+            self.published_wall = time.time()
+            what = "a kill" if self.spec.chaos else "a scheduled kill (not sent)"
+            heavy = ", ".join(f"{f.kind} at {f.at_progress:.0%}" for f in self.spec.heavy)
+            self.console.print(
+                f"crawling {len(self.expected)} pages on {self.spec.hosts} hosts at "
+                f"{self.s.rate_cap:g} req/s per host (topics {self.s.topic_prefix}*), "
+                f"{what} every {self.spec.kill_every_s:g}s"
+                + (f"; faults: {heavy}" if heavy and self.spec.chaos else ""))
+            drained, calm_at, last_chaos = self._loop(drain)
+            crawl_s = calm_at - self.t0
+            drain_s = calm_at - last_chaos if drained else 0.0
+            if not drained and drain.why:
+                self.notes.append(f"not drained within {self.spec.timeout_s:g}s; last check: "
+                                  f"{drain.why}")
+            result = self._audit(drained, crawl_s, drain_s)
+            if not result.ok or not result.within_bound:
+                result.evidence = str(keep_evidence(result, self.s, self.topo,
+                                                    self.kafka_home, self.console))
+            return result
+        finally:
+            drain.close()
+            if self.active is not None:
+                self.active.cancel.set()
+                self.active.join(timeout=180)
+            self.fleet.stop()
+
+    def _await_groups(self, timeout_s: float = 90.0) -> bool:
+        """Block until every worker reports and every group is stable with all its members.
+
+        Not ``crawl.wait_ready``: its 5 s describe can time out on a fresh three-node
+        cluster, where librdkafka 2.x may then abort the whole process (librdkafka#4605,
+        ``eonce->refcnt > 0``). Here the groups are described only once every worker has
+        written its status (so the coordinator is known and answers), with a long timeout.
+        """
+        deadline = time.monotonic() + timeout_s
+        workers = sum(self.plan.counts().values())
+        while len(read_statuses(self.s.status_dir)) < workers:
+            if time.monotonic() > deadline:
+                return False
+            self.fleet.heal()
+            time.sleep(TICK_S)
+        want = {self.topo.group(stage): n for stage, n in self.plan.counts().items() if n}
+        admin = AdminClient(self.s.kafka_common())
+        while time.monotonic() < deadline:
+            self.fleet.heal()
+            ready = True
+            for group, fut in admin.describe_consumer_groups(list(want),
+                                                             request_timeout=30).items():
+                try:
+                    desc = fut.result()
+                except KafkaException:
+                    ready = False
+                    continue
+                if desc.state != ConsumerGroupState.STABLE or len(desc.members) < want[group]:
+                    ready = False
+            if ready:
+                return True
+            time.sleep(TICK_S)
+        return False
+
+    def _progress(self) -> float:
+        requested = len(self.site.requests) - len(self.s.allowed_targets)  # robots.txt
+        return max(0, requested) / max(1, len(self.expected))
+
+    def _loop(self, drain: DrainCheck) -> tuple[bool, float, float]:
+        spec = self.spec
+        killing_until = self.t0 + (spec.kill_for_s or max(spec.timeout_s * 0.6,
+                                                           spec.kill_every_s * 4))
+        pending = list(spec.heavy) if spec.chaos else []
+        next_kill: float | None = None
+        last_chaos = self.t0
+        last_print = 0.0
+        calm_since: float | None = None
+        while True:
+            time.sleep(TICK_S)
+            now = time.monotonic()
+            with self._lock:
+                self.fleet.heal()
+            statuses = read_statuses(self.s.status_dir)
+            self.exposure.observe(statuses, time.time())
+            progress = self._progress()
+            killing = spec.worker_kills and progress < KILL_UNTIL_PROGRESS \
+                and now < killing_until
+            if next_kill is None and progress > 0:
+                next_kill = now + self._interval()  # the crawl is under way
+            if killing and next_kill is not None and now >= next_kill:
+                victim = self.kill_cycle.next_victim(list(self.fleet.procs))
+                self.kill(victim, WORKER_KILL)
+                last_chaos = time.monotonic()
+                next_kill = last_chaos + self._interval()
+            if self.active is not None:
+                if self.active.is_alive():
+                    if self._active_window:
+                        self.exposure.extend(self._active_window, time.time())
+                else:
+                    last_chaos = max(last_chaos, time.monotonic())
+                    self.active = None
+            if self.active is None and pending and progress >= pending[0].at_progress:
+                self._start(pending.pop(0).kind)
+                last_chaos = max(last_chaos, time.monotonic())
+            quiet = not killing and not pending and self.active is None
+            if now - last_print >= 5.0:
+                last_print = now
+                waiting = f"  draining: {drain.why[:110]}" if quiet and drain.why else ""
+                self.console.print(f"{now - self.t0:6.1f}s  requested {progress:6.1%}  "
+                                   f"kills {len(self.kills)}  faults {len(self.faults)}  "
+                                   f"restarts {self.fleet.restarts}{waiting}")
+            if quiet and drain.drained(statuses):
+                calm_since = calm_since or now
+                if now - calm_since >= 1.0:
+                    return True, now, last_chaos
+            else:
+                calm_since = None
+            if now - self.t0 > spec.timeout_s:
+                if not quiet:
+                    drain.why = "chaos still running"
+                return False, now, last_chaos
+
+    def _interval(self) -> float:
+        return self.spec.kill_every_s * self.rng.uniform(0.75, 1.25)
+
+    # --- faults -------------------------------------------------------------------------
+
+    def kill(self, wid: str, cause: str) -> None:
+        """SIGKILL worker ``wid`` (sampled just before); the loop's heal restarts it."""
+        with self._lock:
+            stage = wid.rsplit("-", 1)[0]
+            status = next((st for st in read_statuses(self.s.status_dir)
+                           if st.get("worker") == wid), None)
+            g = status.get("gauges", {}) if status else {}
+            proc = self.fleet.procs[wid]
+            now = time.monotonic()
+            unc = g.get("uncommitted")
+            self.kills.append(Kill(
+                at_s=round(now - self.t0, 2), worker=wid, stage=stage, pid=proc.pid,
+                wall=round(time.time(), 3), inflight=int(g.get("inflight", 0)),
+                queued=int(g.get("queued", 0)), uncommitted=None if unc is None else int(unc),
+                cause=cause))
+            if not self.spec.chaos:  # the baseline: the schedule's draws, nobody killed
+                return
+            self.exposure.on_kill(status, wid, stage, cause, time.time())
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+        k = self.kills[-1]
+        self.console.print(f"[yellow]{k.at_s:6.1f}s  SIGKILL {wid}[/yellow] ({cause}; pid "
+                           f"{k.pid}, in flight {k.inflight}, queued {k.queued}, "
+                           f"uncommitted {'-' if k.uncommitted is None else k.uncommitted})")
+
+    def _start(self, kind: str) -> None:
+        now = time.monotonic()
+        rec = FaultRecord(kind=kind, target="", at_s=round(now - self.t0, 2),
+                          wall=round(time.time(), 3))
+        self.faults.append(rec)
+        node = self.rng.randint(1, self.spec.nodes)
+        thread: FaultThread | None = None
+        if kind == BROKER_KILL:
+            rec.target = f"broker {node}"
+            thread = BrokerKill(rec, self.t0, self.kafka_home, node)
+        elif kind == BROKER_FREEZE:
+            rec.target = f"broker {node}"
+            thread = BrokerFreeze(rec, self.t0, self.kafka_home, node,
+                                  self.s.session_timeout_ms / 1000.0 + FREEZE_MARGIN_S)
+        elif kind == RESTART_ALL:
+            rec.target = "all brokers"
+            thread = RestartAll(rec, self.t0, self.kafka_home)
+        elif kind == STORE_RESTART:
+            rec.target = "store-0"
+            thread = StoreRestart(rec, self.t0, self.s, self.kill, "store-0")
+        elif kind == STATE_WIPE:
+            victim = self.wipe_cycle.next_victim(list(self.fleet.procs), STATEFUL_STAGES)
+            rec.target = victim
+            wipe_state(self.s, self.kill, victim, victim.rsplit("-", 1)[0], rec)
+            rec.ended_at_s = round(time.monotonic() - self.t0, 2)
+        else:
+            raise InfraError(f"unknown fault kind {kind!r}")
+        self.console.print(f"[red]{rec.at_s:6.1f}s  {kind} {rec.target}[/red]"
+                           + (f" ({rec.detail})" if rec.detail else "")
+                           + (f" [red]failed: {rec.error}[/red]" if rec.error else ""))
+        if kind in FLEET_FAULTS:
+            self._active_window = self.exposure.open_window(time.time())
+        else:
+            self._active_window = ""
+        if thread is not None:
+            self.active = thread
+            thread.start()
+
+    # --- the audit ----------------------------------------------------------------------
+
+    def _requests_between(self, from_wall: float, to_wall: float) -> int:
+        """Page requests the site received in the wall-clock window (its log's clock is this
+        process's monotonic clock)."""
+        _, log = self.site.snapshot()
+        times = [t for t, _, raw in log if not raw.partition("?")[0].endswith("/robots.txt")]
+        lo = bisect.bisect_right(times, from_wall - self._mono_offset)
+        hi = bisect.bisect_right(times, to_wall - self._mono_offset)
+        return max(0, hi - lo)
+
+    def _audit(self, drained: bool, crawl_s: float, drain_s: float) -> ChaosReport:
+        wait_for_store(self.s)
+        verdict = check_run(self.site_spec, self.site, self.s)
+        parsed_records, repeats = committed_repeats(self.s, self.topo.parsed,
+                                                    self.topo.partitions)
+        counts, _ = self.site.snapshot()
+        robots = sum(n for u, n in counts.items() if u.endswith("/robots.txt"))
+        phase = self._phase(drained, drain_s, verdict.lost_count)
+        spec = self.spec
+        return ChaosReport(
+            pages=spec.pages, nodes=spec.nodes, hosts=spec.hosts,
+            fetch_workers=spec.fetch_workers, parse_workers=spec.parse_workers,
+            kill_every_s=spec.kill_every_s, seed=spec.seed, rate_cap=self.s.rate_cap,
+            topic_prefix=self.s.topic_prefix,
+            session_timeout_s=self.s.session_timeout_ms / 1000.0, verdict=verdict,
+            committed_duplicates=repeats, parsed_records=parsed_records,
+            robots_requests=robots, bound=self.exposure.bound(self._requests_between),
+            kills=self.kills, faults=self.faults, restarts=self.fleet.restarts,
+            broker=broker_state(self.s, self.topo),
+            seconds=round(time.monotonic() - self.began, 1), crawl_seconds=round(crawl_s, 1),
+            drain_seconds=round(drain_s, 1), drained=drained, notes=self.notes,
+            kill_phase=phase)
+
+    def _phase(self, drained: bool, drain_s: float, lost: int) -> Phase | None:
+        """This run's stored pages/s from its first kill to its last (module docstring)."""
+        window = kill_window([k.wall for k in self.kills])
+        if window is None:
+            if self.spec.chaos:
+                self.notes.append("under two kills: no kill phase to measure the pace over")
+            return None
+        first_stored = [ms / 1000.0 for (ms,) in run_query(
+            self.s, "SELECT toUnixTimestamp64Milli(min(stored_at)) FROM pages GROUP BY url")[1]]
+        n, rate = pages_in_window(first_stored, *window)
+        last = max(first_stored, default=self.published_wall)
+        span = last - self.published_wall
+        return Phase(kills=len(self.kills), start_s=round(window[0] - self.published_wall, 2),
+                     end_s=round(window[1] - self.published_wall, 2), pages=n,
+                     pages_per_s=round(rate, 2),
+                     crawl_pages_per_s=round(len(first_stored) / span, 2) if span > 0 else 0.0,
+                     drain_s=round(drain_s, 1), drained=drained, lost=lost)
+
+
+def wait_for_store(settings: Settings, timeout_s: float = 60.0) -> None:
+    """Wait until the store process serves queries, so reads never open chDB here."""
+    port_file = settings.clickhouse_path / PORT_FILE
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            port = int(port_file.read_text())
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return
+        time.sleep(0.5)
+    raise InfraError(f"the store process did not serve queries within {timeout_s:g}s")
+
+
+def baseline_of(spec: RoundSpec) -> RoundSpec:
+    """The same round with nothing sent: the no-kill baseline."""
+    return replace(spec, chaos=False)

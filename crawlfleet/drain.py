@@ -1,0 +1,108 @@
+"""Is a chaos round drained? Asked of the broker, not only of the workers' gauges.
+
+Gauges say what a worker holds in memory; a job parked on disk or waiting in a timer store
+whose worker died (or dropped it) is work no gauge shows. So a round counts as drained only
+when every process is up, every worker is idle with nothing held, no stage has lag, *and*
+the broker's ``crawl.parked`` and ``crawl.timers`` changelogs hold no live entry, read to a
+stable end (:func:`infra.live_state.live_entries`; an open transaction on a partition makes
+the count unsettled, so not drained). The cheap checks go first; the changelogs are read
+only when everything else is calm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from consumers.runtime import holds_work
+from crawlfleet.config import Settings
+from crawlfleet.crawl import IDLE_S, Fleet
+from crawlfleet.errors import InfraError
+from infra.lag import LagProbe
+from infra.live_state import LiveEntries, live_entries
+from schemas.topics import Topology
+
+
+@dataclass
+class BrokerState:
+    """Live entries of the state changelogs, as the broker holds them."""
+
+    parked: int = 0
+    timers: int = 0
+    unsettled: dict[str, list[int]] = field(default_factory=dict)  # topic -> partitions
+    error: str = ""
+
+    @property
+    def empty(self) -> bool:
+        return not self.parked and not self.timers and not self.unsettled and not self.error
+
+    def describe(self) -> str:
+        parts = []
+        if self.parked:
+            parts.append(f"crawl.parked holds {self.parked} live entries")
+        if self.timers:
+            parts.append(f"crawl.timers holds {self.timers} live entries")
+        parts += [f"{t} unsettled on partitions {ps}" for t, ps in self.unsettled.items()]
+        if self.error:
+            parts.append(self.error)
+        return "; ".join(parts) or "no live parked or timer entries"
+
+
+def broker_state(settings: Settings, topo: Topology, timeout_s: float = 10.0) -> BrokerState:
+    """Count the live entries of ``crawl.parked`` and ``crawl.timers`` on the broker."""
+    out = BrokerState()
+    try:
+        for name, topic in (("parked", topo.parked), ("timers", topo.timers)):
+            live: LiveEntries = live_entries(settings, topic, topo.partitions, timeout_s)
+            setattr(out, name, live.total)
+            if live.unsettled:
+                out.unsettled[name] = sorted(live.unsettled)
+    except InfraError as exc:
+        out.error = f"changelogs unreadable: {exc}"
+    return out
+
+
+def unsettled_gauges(statuses: list[dict[str, Any]], lags: dict[str, int],
+                     workers: int) -> str:
+    """What the lags and gauges say keeps the pipeline busy ('' when they say calm)."""
+    out = [f"{k} lag {v}" for k, v in lags.items() if v != 0]
+    if len(statuses) < workers:
+        out.append(f"{len(statuses)} of {workers} status files")
+    for st in statuses:
+        busy = holds_work(st.get("gauges", {}))
+        if busy or st.get("idle_s", 0) < IDLE_S:
+            out.append(f"{st.get('worker')} idle {st.get('idle_s')}s {busy or ''}".rstrip())
+    return "; ".join(out)
+
+
+class DrainCheck:
+    """One round's drain test: processes, gauges and lags, then the broker's changelogs."""
+
+    def __init__(self, settings: Settings, topo: Topology, fleet: Fleet) -> None:
+        self.s = settings
+        self.topo = topo
+        self.fleet = fleet
+        self.probe = LagProbe(settings)
+        self.why = ""  # why the last check said "not drained"
+        self.last_broker: BrokerState | None = None
+
+    def drained(self, statuses: list[dict[str, Any]]) -> bool:
+        dead = [w for w, p in self.fleet.procs.items() if p.poll() is not None]
+        if dead:
+            self.why = f"exited, restarting: {dead}"
+            return False
+        lags = self.probe.stage_lags(self.topo)
+        busy = unsettled_gauges(statuses, lags, sum(self.fleet.plan.counts().values()))
+        if busy:
+            self.why = busy
+            return False
+        state = broker_state(self.s, self.topo)
+        self.last_broker = state
+        if not state.empty:
+            self.why = "gauges and lags calm, but " + state.describe()
+            return False
+        self.why = ""
+        return True
+
+    def close(self) -> None:
+        self.probe.close()
