@@ -733,8 +733,19 @@ def freeze_node(node_id: int, base_dir: Path | None = None) -> int:
     if pid is None:
         raise InfraError(f"Kafka node {node_id} is not running: nothing to freeze")
     os.kill(pid, signal.SIGSTOP)
+    # Every thread of the JVM stops, asynchronously: return once the process is stopped.
+    deadline = time.monotonic() + 5.0
+    while _proc_state(pid) not in ("T", "t", "") and time.monotonic() < deadline:
+        time.sleep(0.02)
     _log.info("froze Kafka node %d (pid %d)", node_id, pid)
     return pid
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def thaw_node(node_id: int, base_dir: Path | None = None) -> None:
@@ -759,8 +770,7 @@ def restart_all(base_dir: Path | None = None, hard: bool = True, down_s: float =
                 pids[pid] = _props_path(home, node_id)
         if hard:
             for pid in pids:
-                _signal(pid, signal.SIGCONT)  # a frozen node must die too, not linger
-                _signal(pid, signal.SIGKILL)
+                _signal(pid, signal.SIGKILL)  # a frozen node too: SIGKILL needs no SIGCONT
             if _wait_gone(pids, 10.0):
                 raise InfraError(f"Kafka processes {sorted(pids)} survived SIGKILL")
         else:
