@@ -9,6 +9,9 @@ dedupe state in ``crawl.seen``, and whether its ``crawl.parked`` / ``crawl.timer
 is still live or was tombstoned (and where). Keys of job records end in ``|<url>``; parked
 and timer entries are keyed by position, so their values are decoded to find the URL and a
 later tombstone of the same key is matched to it.
+
+:func:`committed_repeats` reads one topic the same way and counts keys committed more than
+once: a result downstream would have seen twice.
 """
 
 from __future__ import annotations

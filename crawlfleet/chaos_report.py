@@ -128,6 +128,8 @@ class ChaosReport:
     kill_phase: Phase | None = None  # this run's pace over first kill → last kill
     baseline: Phase | None = None  # the same fleet, site shape and schedule, nobody killed
     evidence: str = ""  # the folder holding a failed round's report, lineage and logs
+    #: repeated page requests, by the latest fault before each (which fault made work redone)
+    repeats_by_fault: dict[str, int] = field(default_factory=dict)
 
     # --- the verdict ----------------------------------------------------------------------
 
@@ -278,6 +280,10 @@ def print_report(report: ChaosReport, console: Console) -> None:
     if report.kill_phase is not None or report.baseline is not None:
         console.print(pace_table(report))
         console.print(pace_verdict(report))
+    if report.repeats_by_fault:
+        top = sorted(report.repeats_by_fault.items(), key=lambda kv: -kv[1])[:8]
+        console.print("repeated requests after each fault (the latest before each repeat): "
+                      + ", ".join(f"{label}: {n}" for label, n in top))
     if v.lost:
         console.print("lost, e.g.: " + ", ".join(v.lost[:10]))
     if b.gauge_missing:

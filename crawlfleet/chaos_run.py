@@ -50,7 +50,7 @@ from crawlfleet.crawl import Fleet, Plan
 from crawlfleet.drain import DrainCheck, broker_state
 from crawlfleet.errors import InfraError
 from crawlfleet.evidence import keep_evidence
-from crawlfleet.exposure import Exposure
+from crawlfleet.exposure import Exposure, repeats_by_fault
 from crawlfleet.fault_inject import (
     FREEZE_MARGIN_S,
     BrokerFreeze,
@@ -73,7 +73,7 @@ from crawlfleet.fault_plan import (
 )
 from crawlfleet.loss_check import check_run
 from infra.clickhouse import PORT_FILE, run_query
-from infra.demo_site import DemoSite, SiteSpec
+from infra.demo_site import DemoSite, SiteSpec, canonical_url
 from infra.kafka_io import topology_of
 from infra.topics import create_topics
 from producers.frontier import PublishReport, jobs_from_lines, publish
@@ -389,7 +389,21 @@ class ChaosRound:
             broker=broker_state(self.s, self.topo),
             seconds=round(time.monotonic() - self.began, 1), crawl_seconds=round(crawl_s, 1),
             drain_seconds=round(drain_s, 1), drained=drained, notes=self.notes,
-            kill_phase=phase)
+            kill_phase=phase, repeats_by_fault=self._repeats())
+
+    def _repeats(self) -> dict[str, int]:
+        """Repeated page requests by the latest fault before each (site log, monotonic)."""
+        _, log = self.site.snapshot()
+        port = self.site_spec.port
+        requests = [(t, canonical_url(f"http://{host}:{port}{raw}")) for t, host, raw in log
+                    if not raw.partition("?")[0].endswith("/robots.txt")]
+        faults: list[tuple[float, str]] = []
+        if self.spec.chaos:
+            faults += [(self.t0 + k.at_s, f"{k.cause} {k.worker} @{k.at_s:g}s")
+                       for k in self.kills]
+            faults += [(self.t0 + f.at_s, f"{f.kind} {f.target} @{f.at_s:g}s")
+                       for f in self.faults if f.kind in FLEET_FAULTS]
+        return repeats_by_fault(requests, faults)
 
     def _phase(self, drained: bool, drain_s: float, lost: int) -> Phase | None:
         """This run's stored pages/s from its first kill to its last (module docstring)."""

@@ -27,6 +27,7 @@ dead member's expiry).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -218,3 +219,25 @@ class Exposure:
                 store += d.uncommitted or 0
         return Bound(requests=req, store_rows=store, legacy=legacy, gauge_missing=missing,
                      drops=len(self.drops), drops_by_cause=by_cause)
+
+
+def repeats_by_fault(requests: list[tuple[float, str]],
+                     faults: list[tuple[float, str]]) -> dict[str, int]:
+    """Each repeated page request (a URL's second request or later), attributed to the
+    latest fault before it: which fault made the fleet redo work, and how much.
+
+    ``requests`` are (time, URL) in the site's log order; ``faults`` (time, label) on the
+    same clock. A repeat before any fault counts under ``"before any fault"``.
+    """
+    order = sorted(faults)
+    times = [t for t, _ in order]
+    seen: set[str] = set()
+    out: dict[str, int] = {}
+    for t, url in requests:
+        if url not in seen:
+            seen.add(url)
+            continue
+        i = bisect.bisect_right(times, t)
+        label = order[i - 1][1] if i else "before any fault"
+        out[label] = out.get(label, 0) + 1
+    return out

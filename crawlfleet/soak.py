@@ -150,6 +150,7 @@ def round_line(report: ChaosReport, commit: str, index: int) -> dict[str, Any]:
         "fault_errors": [f"{f.kind}: {f.error}" for f in report.faults if f.error],
         "fault_details": [f"{f.kind} {f.target} at {f.at_s:g}s: {f.detail}"
                           for f in report.faults if f.detail],
+        "repeats_by_fault": report.repeats_by_fault,
         "drained": report.drained, "ok": report.ok and report.within_bound,
         "failures": report.failures, "seconds": report.seconds,
         "evidence": report.evidence,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from crawlfleet.exposure import REBALANCES_PER_FETCH_KILL, Exposure
+from crawlfleet.exposure import REBALANCES_PER_FETCH_KILL, Exposure, repeats_by_fault
 
 
 def _status(worker: str, *, pid: int = 1, wall: float = 100.0, inflight: int = 0,
@@ -112,3 +112,13 @@ def test_a_broker_fault_widens_the_legacy_window_while_it_lasts() -> None:
     e.observe([_status("fetch-0", inflight=50, queued=50, uncommitted=None, wall=141.0)],
               141.0)  # after the window: not counted
     assert e.bound(_no_requests).legacy == REBALANCES_PER_FETCH_KILL * 10
+
+
+def test_repeated_requests_are_put_down_to_the_latest_fault_before_them() -> None:
+    requests = [(1.0, "a"), (2.0, "b"), (3.0, "a"),  # a repeated before any fault
+                (11.0, "a"), (12.0, "c"), (13.0, "b"),  # after the kill at 10
+                (25.0, "c"), (26.0, "d")]  # after the broker fault at 20
+    faults = [(20.0, "broker_kill broker 2"), (10.0, "worker_kill fetch-0")]
+    assert repeats_by_fault(requests, faults) == {
+        "before any fault": 1, "worker_kill fetch-0": 2, "broker_kill broker 2": 1}
+    assert repeats_by_fault(requests, []) == {"before any fault": 4}
