@@ -48,7 +48,7 @@ from crawlfleet.chaos_report import (
 from crawlfleet.config import Settings
 from crawlfleet.crawl import Fleet, Plan
 from crawlfleet.drain import DrainCheck, broker_state
-from crawlfleet.errors import InfraError
+from crawlfleet.errors import CrawlfleetError, InfraError
 from crawlfleet.evidence import keep_evidence
 from crawlfleet.exposure import Exposure, repeats_by_fault
 from crawlfleet.fault_inject import (
@@ -86,6 +86,14 @@ RESTART_ALLOWANCE_S = 10.0
 TICK_S = 0.5
 #: Faults that can make every fetch worker drop its work (for the legacy estimate).
 FLEET_FAULTS = frozenset({BROKER_KILL, BROKER_FREEZE, RESTART_ALL})
+
+
+class RoundError(InfraError):
+    """A round that could not finish its audit; ``folder`` keeps what it left."""
+
+    def __init__(self, message: str, folder: Path) -> None:
+        super().__init__(message)
+        self.folder = folder
 
 
 def exposure_window_s(session_timeout_ms: int) -> float:
@@ -184,7 +192,14 @@ class ChaosRound:
             if not drained and drain.why:
                 self.notes.append(f"not drained within {self.spec.timeout_s:g}s; last check: "
                                   f"{drain.why}")
-            result = self._audit(drained, crawl_s, drain_s)
+            try:
+                result = self._audit(drained, crawl_s, drain_s)
+            except CrawlfleetError as exc:  # e.g. the store never served again: a stall
+                (self.s.data_dir / "error.txt").write_text(
+                    f"audit failed: {exc}\nlast drain check: {drain.why}\n")
+                raise RoundError(f"round {self.s.topic_prefix} could not be audited: {exc}; "
+                                 f"its folder (logs, store, status) is {self.s.data_dir}",
+                                 self.s.data_dir) from exc
             if not result.ok or not result.within_bound:
                 result.evidence = str(keep_evidence(result, self.s, self.topo,
                                                     self.kafka_home, self.console))

@@ -437,6 +437,9 @@ def _soak(minutes: float, *, pages: int, hosts: int, nodes: int, rate_cap: float
         return
     console.print(soak_mod.summary_table(soak_mod.summarise(
         soak_mod.read_results(cfg.results))))
+    if outcome.error:
+        err_console.print(f"[red]soak stopped: {outcome.error}[/red]")
+        raise typer.Exit(1)
     if outcome.failed is not None:
         err_console.print(f"[red]soak stopped: round {len(outcome.rounds) - 1} failed "
                           f"({'; '.join(outcome.failed.failures)}); evidence in "

@@ -37,7 +37,7 @@ from rich.table import Table
 from crawlfleet.chaos import crawl_round
 from crawlfleet.chaos_cluster import SOAK_BASE_PORT, chaos_cluster
 from crawlfleet.chaos_report import ChaosReport, print_report
-from crawlfleet.chaos_run import RoundSpec
+from crawlfleet.chaos_run import RoundError, RoundSpec
 from crawlfleet.config import Settings
 from crawlfleet.errors import ConfigError
 from crawlfleet.fault_plan import FAULT_KINDS, HEAVY, plan_round, usable_kinds
@@ -76,11 +76,12 @@ class SoakConfig:
 class SoakResult:
     rounds: list[dict[str, Any]] = field(default_factory=list)
     failed: ChaosReport | None = None
+    error: str = ""  # a round that could not even be audited
     root: Path | None = None
 
     @property
     def ok(self) -> bool:
-        return self.failed is None and bool(self.rounds)
+        return self.failed is None and not self.error and bool(self.rounds)
 
 
 # --- commits and the results file -----------------------------------------------------------
@@ -157,6 +158,15 @@ def round_line(report: ChaosReport, commit: str, index: int) -> dict[str, Any]:
     }
 
 
+def error_line(commit: str, index: int, spec: RoundSpec, error: str, folder: str,
+               seconds: float) -> dict[str, Any]:
+    """The line of a round that could not be audited: a failure, its faults unknown."""
+    return {"commit": commit, "at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "round": index, "seed": spec.seed, "nodes": spec.nodes, "pages": spec.pages,
+            "faults": {}, "ok": False, "drained": False, "within_bound": True,
+            "failures": [error], "seconds": round(seconds, 1), "evidence": folder}
+
+
 # --- the soak -------------------------------------------------------------------------------
 
 
@@ -197,8 +207,18 @@ def run_soak(cfg: SoakConfig, console: Console) -> SoakResult:
                 console.print(f"[bold]round {index}[/bold]: worker kills + "
                               + ", ".join(f"{f.kind} at {f.at_progress:.0%}"
                                           for f in plan.heavy))
-                report = crawl_round(spec, bootstrap, root, kafka_home, console,
-                                     prefix_stem=f"soak{index}x")
+                began = time.monotonic()
+                try:
+                    report = crawl_round(spec, bootstrap, root, kafka_home, console,
+                                         prefix_stem=f"soak{index}x")
+                except RoundError as exc:
+                    line = error_line(commit, index, spec, str(exc), str(exc.folder),
+                                      time.monotonic() - began)
+                    append_result(cfg.results, line)
+                    result.rounds.append(line)
+                    result.error = str(exc)
+                    console.print(f"[red]round {index} FAILED: {exc}[/red]")
+                    break
                 line = round_line(report, commit, index)
                 append_result(cfg.results, line)
                 result.rounds.append(line)
@@ -217,7 +237,7 @@ def run_soak(cfg: SoakConfig, console: Console) -> SoakResult:
                                   ignore_errors=True)
                 index += 1
     finally:
-        if temp and result.failed is None and not cfg.keep_rounds:
+        if temp and result.failed is None and not result.error and not cfg.keep_rounds:
             shutil.rmtree(root, ignore_errors=True)
     return result
 
