@@ -12,8 +12,9 @@ the seeds, and then, while the crawl runs:
 * samples every worker's status for the over-apply bound (:mod:`crawlfleet.exposure`).
 
 Then it waits until the pipeline is drained, by the broker too (:mod:`crawlfleet.drain`),
-and audits the store with the independent checker (:mod:`crawlfleet.loss_check`). A round
-that fails keeps its evidence in its folder (:mod:`crawlfleet.evidence`).
+and audits the store with the independent checker (:mod:`crawlfleet.loss_check`; the pace
+and the site log's timings: :mod:`crawlfleet.chaos_audit`). A round that fails keeps its
+evidence in its folder (:mod:`crawlfleet.evidence`).
 
 ``chaos=False`` is the no-kill baseline: the same schedule is drawn at the same moments
 and nobody is killed, so its kill phase is the same span of the same crawl.
@@ -21,11 +22,8 @@ and nobody is killed, so its kill phase is the same span of the same crawl.
 
 from __future__ import annotations
 
-import bisect
-import contextlib
 import random
 import signal
-import socket
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -37,14 +35,13 @@ from rich.console import Console
 
 from consumers.runtime import read_statuses
 from crawlfleet.broker_trace import committed_repeats
-from crawlfleet.chaos_report import (
-    ChaosReport,
-    FaultRecord,
-    Kill,
-    Phase,
-    kill_window,
-    pages_in_window,
+from crawlfleet.chaos_audit import (
+    kill_phase,
+    requests_between,
+    timed_page_requests,
+    wait_for_store,
 )
+from crawlfleet.chaos_report import ChaosReport, FaultRecord, Kill
 from crawlfleet.config import Settings
 from crawlfleet.crawl import Fleet, Plan
 from crawlfleet.drain import DrainCheck, broker_state
@@ -72,8 +69,7 @@ from crawlfleet.fault_plan import (
     StageCycle,
 )
 from crawlfleet.loss_check import check_run
-from infra.clickhouse import PORT_FILE, run_query
-from infra.demo_site import DemoSite, SiteSpec, canonical_url
+from infra.demo_site import DemoSite, SiteSpec
 from infra.kafka_io import topology_of
 from infra.topics import create_topics
 from producers.frontier import PublishReport, jobs_from_lines, publish
@@ -374,15 +370,6 @@ class ChaosRound:
 
     # --- the audit ----------------------------------------------------------------------
 
-    def _requests_between(self, from_wall: float, to_wall: float) -> int:
-        """Page requests the site received in the wall-clock window (its log's clock is this
-        process's monotonic clock)."""
-        _, log = self.site.snapshot()
-        times = [t for t, _, raw in log if not raw.partition("?")[0].endswith("/robots.txt")]
-        lo = bisect.bisect_right(times, from_wall - self._mono_offset)
-        hi = bisect.bisect_right(times, to_wall - self._mono_offset)
-        return max(0, hi - lo)
-
     def _audit(self, drained: bool, crawl_s: float, drain_s: float) -> ChaosReport:
         wait_for_store(self.s)
         verdict = check_run(self.site_spec, self.site, self.s)
@@ -390,7 +377,16 @@ class ChaosRound:
                                                     self.topo.partitions)
         counts, _ = self.site.snapshot()
         robots = sum(n for u, n in counts.items() if u.endswith("/robots.txt"))
-        phase = self._phase(drained, drain_s, verdict.lost_count)
+        timed = timed_page_requests(self.site, self.site_spec.port)
+        offset = self._mono_offset
+
+        def between(from_wall: float, to_wall: float) -> int:
+            return requests_between(timed, from_wall - offset, to_wall - offset)
+
+        phase = kill_phase(self.s, self.kills, self.published_wall, drained, drain_s,
+                           verdict.lost_count)
+        if phase is None and self.spec.chaos:
+            self.notes.append("under two kills: no kill phase to measure the pace over")
         spec = self.spec
         return ChaosReport(
             pages=spec.pages, nodes=spec.nodes, hosts=spec.hosts,
@@ -399,57 +395,21 @@ class ChaosRound:
             topic_prefix=self.s.topic_prefix,
             session_timeout_s=self.s.session_timeout_ms / 1000.0, verdict=verdict,
             committed_duplicates=repeats, parsed_records=parsed_records,
-            robots_requests=robots, bound=self.exposure.bound(self._requests_between),
+            robots_requests=robots, bound=self.exposure.bound(between),
             kills=self.kills, faults=self.faults, restarts=self.fleet.restarts,
             broker=broker_state(self.s, self.topo),
             seconds=round(time.monotonic() - self.began, 1), crawl_seconds=round(crawl_s, 1),
             drain_seconds=round(drain_s, 1), drained=drained, notes=self.notes,
-            kill_phase=phase, repeats_by_fault=self._repeats())
+            kill_phase=phase, repeats_by_fault=repeats_by_fault(timed, self._fault_times()))
 
-    def _repeats(self) -> dict[str, int]:
-        """Repeated page requests by the latest fault before each (site log, monotonic)."""
-        _, log = self.site.snapshot()
-        port = self.site_spec.port
-        requests = [(t, canonical_url(f"http://{host}:{port}{raw}")) for t, host, raw in log
-                    if not raw.partition("?")[0].endswith("/robots.txt")]
-        faults: list[tuple[float, str]] = []
-        if self.spec.chaos:
-            faults += [(self.t0 + k.at_s, f"{k.cause} {k.worker} @{k.at_s:g}s")
-                       for k in self.kills]
-            faults += [(self.t0 + f.at_s, f"{f.kind} {f.target} @{f.at_s:g}s")
-                       for f in self.faults if f.kind in FLEET_FAULTS]
-        return repeats_by_fault(requests, faults)
-
-    def _phase(self, drained: bool, drain_s: float, lost: int) -> Phase | None:
-        """This run's stored pages/s from its first kill to its last (module docstring)."""
-        window = kill_window([k.wall for k in self.kills])
-        if window is None:
-            if self.spec.chaos:
-                self.notes.append("under two kills: no kill phase to measure the pace over")
-            return None
-        first_stored = [ms / 1000.0 for (ms,) in run_query(
-            self.s, "SELECT toUnixTimestamp64Milli(min(stored_at)) FROM pages GROUP BY url")[1]]
-        n, rate = pages_in_window(first_stored, *window)
-        last = max(first_stored, default=self.published_wall)
-        span = last - self.published_wall
-        return Phase(kills=len(self.kills), start_s=round(window[0] - self.published_wall, 2),
-                     end_s=round(window[1] - self.published_wall, 2), pages=n,
-                     pages_per_s=round(rate, 2),
-                     crawl_pages_per_s=round(len(first_stored) / span, 2) if span > 0 else 0.0,
-                     drain_s=round(drain_s, 1), drained=drained, lost=lost)
-
-
-def wait_for_store(settings: Settings, timeout_s: float = 60.0) -> None:
-    """Wait until the store process serves queries, so reads never open chDB here."""
-    port_file = settings.clickhouse_path / PORT_FILE
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError):
-            port = int(port_file.read_text())
-            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
-                return
-        time.sleep(0.5)
-    raise InfraError(f"the store process did not serve queries within {timeout_s:g}s")
+    def _fault_times(self) -> list[tuple[float, str]]:
+        """Every fault sent, (monotonic time, label), to put repeated requests down to."""
+        if not self.spec.chaos:
+            return []
+        out = [(self.t0 + k.at_s, f"{k.cause} {k.worker} @{k.at_s:g}s") for k in self.kills]
+        out += [(self.t0 + f.at_s, f"{f.kind} {f.target} @{f.at_s:g}s")
+                for f in self.faults if f.kind in FLEET_FAULTS]
+        return out
 
 
 def baseline_of(spec: RoundSpec) -> RoundSpec:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from crawlfleet.chaos import paced_rate_cap
+from crawlfleet.chaos_audit import requests_between
 from crawlfleet.chaos_report import (
     RETENTION_TARGET,
     ChaosReport,
@@ -97,3 +98,11 @@ def test_paced_rate_cap_spreads_pages_over_the_hosts() -> None:
     # 4800 pages on 8 hosts over max(60 s, 12 x 8 s = 96 s) → 6.25 req/s per host
     assert paced_rate_cap(4800, 8.0, hosts=8) == pytest.approx(6.25)
     assert paced_rate_cap(100, 8.0, hosts=20) == 2.0  # never below the floor
+
+
+def test_requests_between_counts_a_half_open_window_of_the_site_log() -> None:
+    timed = [(1.0, "a"), (2.0, "b"), (2.0, "c"), (3.5, "a"), (5.0, "d")]
+    assert requests_between(timed, 2.0, 5.0) == 2  # (2, 5]: 3.5 and 5.0
+    assert requests_between(timed, 0.0, 2.0) == 3
+    assert requests_between(timed, 6.0, 9.0) == 0
+    assert requests_between(timed, 5.0, 1.0) == 0  # a window the wrong way round

@@ -1,0 +1,65 @@
+"""The measurements a round's audit takes besides the verdict: the store's readiness, the
+kill phase's pace, and the site's request log on a clock.
+
+The site's log stamps each request with this process's monotonic clock (the server runs in
+it), which is how repeats are lined up with the faults before them and how the requests a
+worker may have sent after its last status are counted (:mod:`crawlfleet.exposure`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import socket
+import time
+
+from crawlfleet.chaos_report import Kill, Phase, kill_window, pages_in_window
+from crawlfleet.config import Settings
+from crawlfleet.errors import InfraError
+from infra.clickhouse import PORT_FILE, run_query
+from infra.demo_site import DemoSite, canonical_url
+
+
+def wait_for_store(settings: Settings, timeout_s: float = 60.0) -> None:
+    """Wait until the store process serves queries, so reads never open chDB here."""
+    port_file = settings.clickhouse_path / PORT_FILE
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            port = int(port_file.read_text())
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return
+        time.sleep(0.5)
+    raise InfraError(f"the store process did not serve queries within {timeout_s:g}s")
+
+
+def timed_page_requests(site: DemoSite, port: int) -> list[tuple[float, str]]:
+    """(monotonic time, canonical URL) of every page request, robots.txt left out."""
+    _, log = site.snapshot()
+    return [(t, canonical_url(f"http://{host}:{port}{raw}")) for t, host, raw in log
+            if not raw.partition("?")[0].endswith("/robots.txt")]
+
+
+def requests_between(timed: list[tuple[float, str]], start: float, end: float) -> int:
+    """Requests in ``(start, end]`` (monotonic) of a time-ordered log."""
+    times = [t for t, _ in timed]
+    return max(0, bisect.bisect_right(times, end) - bisect.bisect_right(times, start))
+
+
+def kill_phase(settings: Settings, kills: list[Kill], published_wall: float, drained: bool,
+               drain_s: float, lost: int) -> Phase | None:
+    """Stored pages/s from the first kill to the last, from the rows' own ``stored_at``
+    (None below two kills)."""
+    window = kill_window([k.wall for k in kills])
+    if window is None:
+        return None
+    first_stored = [ms / 1000.0 for (ms,) in run_query(
+        settings, "SELECT toUnixTimestamp64Milli(min(stored_at)) FROM pages GROUP BY url")[1]]
+    n, rate = pages_in_window(first_stored, *window)
+    last = max(first_stored, default=published_wall)
+    span = last - published_wall
+    return Phase(kills=len(kills), start_s=round(window[0] - published_wall, 2),
+                 end_s=round(window[1] - published_wall, 2), pages=n,
+                 pages_per_s=round(rate, 2),
+                 crawl_pages_per_s=round(len(first_stored) / span, 2) if span > 0 else 0.0,
+                 drain_s=round(drain_s, 1), drained=drained, lost=lost)
