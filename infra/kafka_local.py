@@ -5,7 +5,8 @@ failover), and the only things this machine can count on are Java, Maven and thi
 ``ensure_jars`` resolves ``infra/kafka/pom.xml`` once; ``up`` formats and starts 1 or 3 nodes as
 detached JVMs that outlive the calling process; everything needed to find them again (ports,
 cluster id, pids) lives on disk, so ``status``/``down``/``stop_node``/``start_node`` work from any
-other process.
+other process, as do the chaos soak's faults: ``freeze_node``/``thaw_node`` (SIGSTOP/SIGCONT, a
+hung broker) and ``restart_all`` (every node killed at once and started again).
 
 Layout under ``kafka_home()``::
 
