@@ -92,6 +92,9 @@ _STARVED_COMMIT_S = 0.1
 CONTROL_CATCH_UP_S = 30.0
 #: A control topic that cannot be read is tried again after this long.
 CONTROL_RETRY_S = 2.0
+#: A session that failed waits this long before the next one joins (the rejoin is within
+#: the session timeout, so static membership keeps the partitions).
+REJOIN_PAUSE_S = 1.0
 #: Expired dedupe keys are swept from the local store (a slice at a time) this often.
 SWEEP_EVERY_S = 10.0
 
@@ -124,8 +127,11 @@ class FetchStage:
                 with asyncio.Runner(loop_factory=_loop_factory()) as runner:
                     runner.run(self._session())
             except (FencedError, KafkaStageError) as exc:
+                # Everything uncommitted is dropped with the session; the next one restores
+                # its state and offsets from what is committed, and redoes the rest.
                 log.warning("fetch %s lost its transaction, rejoining: %s", self.worker, exc)
                 self.status.add("fenced")
+                time.sleep(REJOIN_PAUSE_S)  # a broker that is down fails at once: no spin
         self.status.remove()
 
     async def _session(self) -> None:
@@ -257,7 +263,11 @@ class _Session:
             offset = offsets.get((tp.topic, tp.partition), -1)
             self.consumer.seek(TopicPartition(tp.topic, tp.partition,
                                               offset if offset >= 0 else OFFSET_BEGINNING))
-        self.ledger.assign([(tp.topic, tp.partition) for tp in tps])
+        # From the committed offsets: a partition whose only work is parked jobs consumes
+        # no record, and its results must still commit (with these offsets).
+        self.ledger.assign([(tp.topic, tp.partition) for tp in tps],
+                           {(tp.topic, tp.partition): offsets.get((tp.topic, tp.partition), -1)
+                            for tp in tps})
         if tps and not (self.paused or self.ctl_paused):
             self.consumer.resume(tps)
         if done.complete:
@@ -304,7 +314,10 @@ class _Session:
                  sorted({p.partition for p in partitions}))
         self.ledger.revoke(revoked)
         try:
-            self._commit()  # hand over finished work before the partitions move
+            # Hand over finished work before the partitions move. Not from the consumer's
+            # positions: this callback may run inside consume(), after it returned records
+            # that are not admitted yet, and a position past them would lose them.
+            self._commit(use_positions=False)
         except CrawlfleetError as exc:
             # Our state is no longer known to match the broker's: rebuild the session.
             self.broken = exc
@@ -316,6 +329,7 @@ class _Session:
         self.restorer.cancel({p.partition for p in partitions})
         self.status.add("lost_partitions", len(partitions))
         self.ledger.revoke(revoked)
+        self.ledger.poison("partitions lost")
         self.broken = FencedError("partitions lost: membership expired")
         self._forget(revoked)
 
@@ -328,10 +342,11 @@ class _Session:
             self.parked.store.drop(part)
         self.loop.call_soon_threadsafe(self._drop_stale)
 
-    def _commit(self) -> None:
+    def _commit(self, use_positions: bool = True) -> None:
         assert self.consumer is not None and self.committer is not None
         positions = {(p.topic, p.partition): p.offset
-                     for p in self.consumer.position(self.consumer.assignment())}
+                     for p in self.consumer.position(self.consumer.assignment())} \
+            if use_positions else {}
         batch = self.ledger.take_commit(positions)
         if batch is None:
             return
@@ -341,9 +356,9 @@ class _Session:
                 self.consumer, batch.outputs,
                 [TopicPartition(t, p, o) for (t, p), o in batch.offsets.items()],
                 frozenset({self.topo.seen, self.topo.parked}))
-        except CrawlfleetError:
+        except CrawlfleetError as exc:
             self.status.add("aborted_txns")
-            self.ledger.aborted()
+            self.ledger.aborted(str(exc))  # commits nothing more: the session rebuilds
             self.parked.aborted(batch.changes)
             raise
         # Each store applies this transaction's writes and moves its checkpoint past them.
@@ -436,6 +451,8 @@ class _Session:
                     self._commit()  # graceful stop: finished work is not redone
                 except CrawlfleetError as exc:
                     log.warning("final commit failed: %s", exc)
+            # Leaving the group serves the revoke callback, which commits again unless a
+            # commit failed: then the ledger is broken and hands out nothing.
             self.consumer.close()
         if self.committer is not None:
             self.committer.close()
@@ -476,6 +493,7 @@ class _Session:
     def _report(self) -> None:
         self.status.gauges.update(inflight=self.running, queued=len(self.sched),
                                   parked=self.parked.total(), seen_keys=len(self.seen),
+                                  uncommitted=self.ledger.uncommitted,
                                   paused=int(self.paused),
                                   restoring=len(self.restorer.waiting),
                                   restore_failing=len(self.restorer.failing))
