@@ -120,6 +120,8 @@ class TxnCommitter:
                 meta = consumer.consumer_group_metadata()
                 self._run(lambda: self.producer.send_offsets_to_transaction(offsets, meta, 30))
             faults.point("before_commit")
+            if faults.fails("abort_commit"):
+                raise TxnAbortedError("fault injection: the transaction must abort")
             self._run(lambda: self.producer.commit_transaction(30))
             faults.point("after_commit")
         except TxnAbortedError:
