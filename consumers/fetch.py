@@ -224,6 +224,7 @@ class _Session:
         stores, restored on the restorer's thread: the partitions this worker already owns
         keep flowing meanwhile, and the callback returns at once."""
         consumer.pause(partitions)
+        self.status.assignment = sorted((tp.topic, tp.partition) for tp in consumer.assignment())
         self.restorer.start({p.partition for p in partitions})
         self.status.add("assigned_partitions", len(partitions))
         log.info("fetch %s: assigned partitions %s", self.st.worker,
@@ -308,6 +309,7 @@ class _Session:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = [(p.topic, p.partition) for p in partitions]
+        self._unassigned(consumer, revoked)
         self.restorer.cancel({p.partition for p in partitions})
         self.status.add("revoked_partitions", len(partitions))
         log.info("fetch %s: revoked partitions %s", self.st.worker,
@@ -326,12 +328,19 @@ class _Session:
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Partitions already gone (session timed out): drop the work, commit nothing."""
         revoked = [(p.topic, p.partition) for p in partitions]
+        self._unassigned(consumer, revoked)
         self.restorer.cancel({p.partition for p in partitions})
         self.status.add("lost_partitions", len(partitions))
         self.ledger.revoke(revoked)
         self.ledger.poison("partitions lost")
         self.broken = FencedError("partitions lost: membership expired")
         self._forget(revoked)
+
+    def _unassigned(self, consumer: Consumer, gone: list[TP]) -> None:
+        """The status's assignment without ``gone`` (unassigned after the callback)."""
+        self.status.assignment = sorted(
+            (tp.topic, tp.partition) for tp in consumer.assignment()
+            if (tp.topic, tp.partition) not in set(gone))
 
     def _forget(self, revoked: list[TP]) -> None:
         owned = self.ledger.forget(revoked) | self.restorer.waiting

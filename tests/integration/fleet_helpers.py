@@ -160,6 +160,10 @@ class Worker:
     def counter(self, name: str) -> int:
         return int(self.status().get("counters", {}).get(name, 0))
 
+    def assignment(self) -> set[tuple[str, int]]:
+        """The partitions this worker's consumer holds, every topic, as it reports them."""
+        return {(t, p) for t, p in self.status().get("assignment", [])}
+
     def gauge(self, name: str) -> int:
         return int(self.status().get("gauges", {}).get(name, 0))
 
@@ -399,15 +403,13 @@ def describe_fetch_results(records: Iterable[Record], keys: Iterable[str]) -> li
 
 
 def group_assignment(settings: Settings, stage: str) -> dict[str, set[tuple[str, int]]]:
-    """{client id (= worker id): assigned (topic, partition)s} of a stage's consumer group.
-
-    The group assigns a stage's lead topic; its co-partitioned followers go with it (see
-    ``Topology.subscription``), so they are listed too. Empty while the group coordinator is
-    not answering yet (fresh broker, moving group).
+    """{client id (= worker id): assigned (topic, partition)s} of a stage's consumer group,
+    as the group coordinator has them: the lead topic only (its followers are assigned by
+    each worker, see ``Membership``; ``Worker.assignment`` shows those). Empty while the
+    group coordinator is not answering yet (fresh broker, moving group).
     """
     topo = topology_of(settings)
     group = topo.group(stage)
-    followers = topo.followers(stage)
     admin = AdminClient(settings.kafka_common())
     try:
         desc = admin.describe_consumer_groups([group])[group].result(timeout=10)
@@ -418,7 +420,6 @@ def group_assignment(settings: Settings, stage: str) -> dict[str, set[tuple[str,
         tps = m.assignment.topic_partitions if m.assignment else []
         mine = out.setdefault(m.client_id, set())
         mine.update((tp.topic, tp.partition) for tp in tps)
-        mine.update((f, tp.partition) for f in followers for tp in tps)
     return out
 
 
