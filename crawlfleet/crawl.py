@@ -293,20 +293,32 @@ def _busy(settings: Settings, path: Path) -> DataDirBusyError:
 
 
 def wait_ready(settings: Settings, fleet: Fleet, timeout_s: float = 60.0) -> bool:
-    """Block until every stage's group is stable with all its planned members.
+    """Block until every worker reports and every group is stable with all its members.
 
     Seeds published earlier would be fetched while the parse group is still forming, and
     the crawl's first hops would wait on its rebalance. False after ``timeout_s`` (the crawl
     then goes on regardless: a late member only joins late).
+
+    The groups are described only once every live stage process has written its status (so
+    it has joined and the coordinator is known), and patiently (30 s): a short describe can
+    time out on a fresh three-node cluster, where librdkafka 2.x may then abort the whole
+    process (librdkafka#4605, ``eonce->refcnt > 0``).
     """
+    deadline = time.monotonic() + timeout_s
+    workers = sum(fleet.plan.counts().values())
+    while _reporting(settings, fleet) < workers:
+        if time.monotonic() > deadline:
+            return False
+        fleet.heal()
+        time.sleep(READY_TICK_S)
     topo = topology_of(settings)
     want = {topo.group(stage): n for stage, n in fleet.plan.counts().items() if n}
     admin = AdminClient(settings.kafka_common())
-    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         fleet.heal()
         ready = True
-        for group, fut in admin.describe_consumer_groups(list(want), request_timeout=5).items():
+        for group, fut in admin.describe_consumer_groups(
+                list(want), request_timeout=DESCRIBE_TIMEOUT_S).items():
             try:
                 desc = fut.result()
             except KafkaException:
@@ -316,8 +328,19 @@ def wait_ready(settings: Settings, fleet: Fleet, timeout_s: float = 60.0) -> boo
                 ready = False
         if ready:
             return True
-        time.sleep(0.1)
+        time.sleep(READY_TICK_S)
     return False
+
+
+#: How often wait_ready looks again, and how long one group describe may take.
+READY_TICK_S = 0.1
+DESCRIBE_TIMEOUT_S = 30.0
+
+
+def _reporting(settings: Settings, fleet: Fleet) -> int:
+    """Live stage processes of ``fleet`` with a status file (a resumed crawl's are stale)."""
+    pids = {p.pid for p in fleet.procs.values() if p.poll() is None}
+    return sum(1 for st in read_statuses(settings.status_dir) if st.get("pid") in pids)
 
 
 def _seed_targets(lines: list[str], settings: Settings) -> tuple[str, ...]:
