@@ -180,6 +180,10 @@ def test_two_crawls_started_in_the_same_second_each_store_only_their_own_site(
                     assert _own(settings, pa) | _own(settings, pb) <= live, \
                         "both crawls' topics exist while both run"
                     seen_both = True
+                for c in (a, b):
+                    if c.proc.poll() is not None and not seen_both:
+                        pytest.fail(f"crawl {c.name} ended (exit {c.proc.returncode}) before "
+                                    f"both ran:\n{c.output()}")
                 if not finished_first and a.proc.poll() is not None:
                     finished_first = True
                     assert b.proc.poll() is None, "B should still run when A has finished"
@@ -188,7 +192,6 @@ def test_two_crawls_started_in_the_same_second_each_store_only_their_own_site(
                     assert not _own(settings, pa) & live, "A removed its own topics"
                     assert _own(settings, pb) <= live, "A left B's topics alone"
                 time.sleep(0.1)
-            assert seen_both and finished_first
             out_a, out_b = a.output(), b.output()
 
     assert a.proc.returncode == 0, out_a
@@ -210,7 +213,8 @@ def test_two_crawls_started_in_the_same_second_each_store_only_their_own_site(
     assert stored_a == spec_a.expected()
     assert stored_b == spec_b.expected()
     assert sum_a["drained"] and sum_b["drained"]
-    # Each removed every topic it had created and nothing else.
+    # Each removed every topic it had created and nothing else, B's while B still ran.
+    assert seen_both and finished_first, "A finished first"
     assert sum_a["topics_deleted"] == len(_own(settings, pre_a))
     assert sum_b["topics_deleted"] == len(_own(settings, pre_b))
     assert not [t for t in _topics(settings) if t.startswith((pre_a, pre_b))]
@@ -223,23 +227,23 @@ def test_a_second_crawl_on_the_same_data_dir_is_refused_naming_the_first(
         first = _Crawl("first", settings, spec, tmp_path)
         with _crawls(settings, first):
             (tmp_path / "go").touch()
-            lock = first.data_dir / "crawl.lock"
             deadline = time.monotonic() + 120
-            while not (lock.exists() and f'"pid": {first.proc.pid}' in lock.read_text()):
+            while first.prefix() is None:  # its fleet, the store worker with it, started
                 assert first.proc.poll() is None, first.output()
-                assert time.monotonic() < deadline, "the first crawl never took its data dir"
+                assert time.monotonic() < deadline, "the first crawl never started its fleet"
                 time.sleep(0.05)
             seeds = tmp_path / "second.seeds"
             seeds.write_text("\n".join(spec.seeds()) + "\n")
             second = subprocess.run(
                 [sys.executable, "-m", "crawlfleet.cli", "crawl", str(seeds), "--data-dir",
-                 str(first.data_dir), "--allow-private", "--timeout", "60"],
+                 str(first.data_dir), "--allow-private", "--timeout", "30"],
                 env=_env(settings), capture_output=True, text=True, timeout=120, check=False)
-            assert first.proc.poll() is None, "the first crawl still runs"
+            first_ran_on = first.proc.poll() is None
             first.proc.wait(CRAWL_TIMEOUT_S + 60)
             out_first = first.output()
 
     assert second.returncode == 2, second.stdout + second.stderr
+    assert first_ran_on, "the refusal came while the first crawl ran"
     err = " ".join(second.stderr.split())
     assert f"another crawl (pid {first.proc.pid}" in err, err
     assert "--data-dir" in err, err
@@ -278,6 +282,10 @@ def test_a_fresh_namespace_refuses_any_topic_or_group_of_its_prefix(settings: Se
     assert not own & _topics(settings)  # nothing created
     delete_topics(settings, topics=())  # the group
     assert set(create_topics(settings, fresh=True).values()) == {"created"}
+    # A crawl deletes the topics it names (the ones it created), nothing else of the prefix.
+    frontier = topology_of(settings).frontier
+    assert delete_topics(settings, topics=[frontier], stages=()) == [frontier]
+    assert _topics(settings) & own == own - {frontier}
 
 
 def test_racing_fresh_namespaces_never_both_own_one_prefix(settings: Settings) -> None:
