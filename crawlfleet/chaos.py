@@ -61,18 +61,15 @@ from typing import Any
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
-    ConsumerGroupState,
     KafkaError,
-    KafkaException,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient
 from rich.console import Console
 from rich.table import Table
 
 from consumers.runtime import holds_work, read_statuses
 from crawlfleet.config import Settings
-from crawlfleet.crawl import IDLE_S, Fleet, Plan, _calm
+from crawlfleet.crawl import IDLE_S, Fleet, Plan, _calm, wait_ready
 from crawlfleet.errors import InfraError
 from infra import kafka_local
 from infra.clickhouse import PORT_FILE, run_query
@@ -442,7 +439,7 @@ class _Run:
         create_topics(self.s)
         self.fleet.start()
         try:
-            if not self._await_groups():
+            if not wait_ready(self.s, self.fleet, timeout_s=90.0):
                 self.notes.append("the groups were not all stable before the seeds went out")
             report = publish(self.seeds, self.s)
             if report.errors:
@@ -463,40 +460,6 @@ class _Run:
                 self.bounce.cancel.set()
                 self.bounce.join(timeout=120)
             self.fleet.stop()
-
-    def _await_groups(self, timeout_s: float = 90.0) -> bool:
-        """Block until every worker reports and every group is stable with all its members.
-
-        Not ``crawl.wait_ready``: its 5 s describe can time out on a fresh three-node
-        cluster, where librdkafka 2.x may then abort the whole process (librdkafka#4605,
-        ``eonce->refcnt > 0``). Here the groups are described only once every worker has
-        written its status (so the coordinator is known and answers), with a long timeout.
-        """
-        deadline = time.monotonic() + timeout_s
-        workers = sum(self.plan.counts().values())
-        while len(read_statuses(self.s.status_dir)) < workers:
-            if time.monotonic() > deadline:
-                return False
-            self.fleet.heal()
-            time.sleep(TICK_S)
-        want = {self.topo.group(stage): n for stage, n in self.plan.counts().items() if n}
-        admin = AdminClient(self.s.kafka_common())
-        while time.monotonic() < deadline:
-            self.fleet.heal()
-            ready = True
-            for group, fut in admin.describe_consumer_groups(list(want),
-                                                             request_timeout=30).items():
-                try:
-                    desc = fut.result()
-                except KafkaException:
-                    ready = False
-                    continue
-                if desc.state != ConsumerGroupState.STABLE or len(desc.members) < want[group]:
-                    ready = False
-            if ready:
-                return True
-            time.sleep(TICK_S)
-        return False
 
     def _progress(self) -> float:
         requested = len(self.site.requests) - len(self.s.allowed_targets)  # robots.txt
