@@ -92,6 +92,10 @@ _STARVED_COMMIT_S = 0.1
 CONTROL_CATCH_UP_S = 30.0
 #: A control topic that cannot be read is tried again after this long.
 CONTROL_RETRY_S = 2.0
+#: Targets with parked work and nothing in memory are looked for this often: a refill is
+#: otherwise triggered by the target's own events (a job finishing, a commit, a restore,
+#: the end of a rest), and a target with none left must not strand its parked queue.
+REFILL_SWEEP_S = 5.0
 #: A session that failed waits this long before the next one joins (the rejoin is within
 #: the session timeout, so static membership keeps the partitions).
 REJOIN_PAUSE_S = 1.0
@@ -177,6 +181,7 @@ class _Session:
         self.robots_interval: dict[str, float] = {}
         # Targets deferred long enough to have gone to disk: refill them when this is due.
         self.wake_at: list[tuple[float, str]] = []
+        self.refill_sweep_at = time.monotonic() + REFILL_SWEEP_S
         self.running = 0
         self.paused = False
         self.wake = asyncio.Event()
@@ -497,6 +502,7 @@ class _Session:
             if now - last_commit >= self.s.commit_interval_s or starved or burst:
                 await self._kafka(self._commit)
                 last_commit = now
+            self._sweep_parked(now)
             self._report()
 
     def _report(self) -> None:
@@ -639,6 +645,17 @@ class _Session:
         while self.wake_at and self.wake_at[0][0] <= now:
             _, target = heapq.heappop(self.wake_at)
             self._refill(target)
+
+    def _sweep_parked(self, now: float) -> None:
+        """Refill targets that have parked work and nothing in memory (main loop)."""
+        if now < self.refill_sweep_at:
+            return
+        self.refill_sweep_at = now + REFILL_SWEEP_S
+        for target in self.parked.waiting_targets():
+            if not self._held(target, 0) and not self._held(target, 1):
+                self.status.add("refill_sweeps")
+                self._refill(target)
+                self.wake.set()
 
     # --- rates: cap, robots, adaptive -----------------------------------------------------
 
