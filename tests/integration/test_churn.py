@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient
 from fleet_helpers import (
     Workers,
     create_all_topics,
-    group_assignment,
+    lead_assignment,
     page_counts,
     publish_seeds,
     report,
@@ -189,7 +189,7 @@ def test_a_joining_worker_moves_only_the_partitions_it_takes(
             "restores") >= 1, 60, "fetch-1 to take its share")
         kept = _fetch_parts(ws, "fetch-0")
         taken = _fetch_parts(ws, "fetch-1")
-        leads = group_assignment(s, "fetch")
+        leads = lead_assignment(s, "fetch")
         lead_kept, lead_taken = leads.get("fetch-0", set()), leads.get("fetch-1", set())
         revoked = first.counter("revoked_partitions")
         wait_drained(s, ws, 120, lambda: page_counts(s).final >= len(urls))
