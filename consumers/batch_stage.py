@@ -18,7 +18,6 @@ from consumers.runtime import (
     FencedError,
     StatusFile,
     StopFlag,
-    TxnAbortedError,
     TxnCommitter,
     worker_name,
 )
@@ -38,6 +37,9 @@ from infra.kafka_io import (
 )
 
 log = logging.getLogger("crawlfleet.stage")
+#: A session that failed waits this long before the next one joins (within the session
+#: timeout, so static membership keeps the partitions).
+REJOIN_PAUSE_S = 1.0
 
 
 class NotDueError(Exception):
@@ -74,14 +76,21 @@ class BatchStage(ABC):
         """Outputs for one input record; raise DecodeError/FatalError to dead-letter it."""
 
     def run(self) -> None:
-        """Consume until stopped; rebuild clients and rejoin if this worker gets fenced."""
+        """Consume until stopped. After any failed commit (fenced, aborted, or a broker
+        error), drop everything uncommitted and rejoin: the next session reads its state
+        and offsets from what is committed, so nothing of the failed batch is committed
+        later (a commit past it would lose its records)."""
         while not self.stop.requested:
             try:
                 self._run_once()
-            except FencedError as exc:
-                log.warning("%s %s fenced, dropping work and rejoining: %s",
+            except (FencedError, KafkaStageError) as exc:
+                log.warning("%s %s lost its transaction, dropping work and rejoining: %s",
                             self.stage, self.worker, exc)
                 self.status.add("fenced")
+                self._committed.clear()
+                self._paused_until.clear()
+                self.rolled_back()
+                time.sleep(REJOIN_PAUSE_S)  # a broker that is down fails at once: no spin
         self.status.remove()
 
     def _run_once(self) -> None:
@@ -244,13 +253,11 @@ class BatchStage(ABC):
             self._committed.update(changed)
             self.status.add("committed_txns")
             self.slow_start.committed(processed)
-        except TxnAbortedError as exc:
-            log.warning("%s transaction aborted, rewinding: %s", self.stage, exc)
+        except KafkaStageError:
+            # Aborted (TxnAbortedError), or its outcome unknown: this session commits
+            # nothing more; run() rejoins from the committed offsets.
             self.status.add("aborted_txns")
-            self._committed.clear()
-            self.rolled_back()
-            rewind(consumer, consumer.assignment())
-            return []
+            raise
         self.committed()
         return rest
 

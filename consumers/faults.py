@@ -1,11 +1,17 @@
-"""Fault injection points for fault tests: a worker can be told to die at a precise moment.
+"""Fault injection points for fault tests: a worker can be told to fail at a precise moment.
 
-``CRAWLFLEET_FAULT=<point>[:<n>]`` makes the process exit abruptly (``os._exit(137)``, as
-``kill -9`` would) the n-th time (default 1st) it reaches ``<point>``. Points:
+``CRAWLFLEET_FAULT=<point>[:<n>]`` acts the n-th time (default 1st) the process reaches
+``<point>``; ``<point>:%<n>`` every n-th time. Points where the process exits abruptly
+(``os._exit(137)``, as ``kill -9`` would):
 
 - ``before_commit``: outputs produced inside the transaction, commit not yet sent;
 - ``after_commit``: transaction committed, the worker has not yet acted on it (lost ack);
 - ``after_insert``: store stage inserted a batch into ClickHouse, offsets not committed.
+
+And one where it lives on, and the commit fails as a slow or failing broker makes it fail
+(the path a kill never reaches):
+
+- ``abort_commit``: the transaction is aborted instead of committed (an abortable error).
 
 Unset (the default), every call is a dictionary lookup and nothing else.
 """
@@ -19,20 +25,37 @@ ENV = "CRAWLFLEET_FAULT"
 _counts: dict[str, int] = {}
 
 
-def _parse(spec: str) -> tuple[str, int]:
+def _parse(spec: str) -> tuple[str, int, bool]:
+    """(point, n, every n-th) of a fault spec."""
     point, _, nth = spec.partition(":")
-    return point, int(nth) if nth.isdigit() else 1
+    every = nth.startswith("%")
+    nth = nth.lstrip("%")
+    return point, max(1, int(nth)) if nth.isdigit() else 1, every
 
 
 _TARGET = _parse(os.environ[ENV]) if os.environ.get(ENV) else None
 
 
+def _hit(name: str) -> bool:
+    if _TARGET is None or _TARGET[0] != name:
+        return False
+    _counts[name] = _counts.get(name, 0) + 1
+    n = _counts[name]
+    return n % _TARGET[1] == 0 if _TARGET[2] else n == _TARGET[1]
+
+
 def point(name: str) -> None:
     """Die here if this process was told to (see module docstring)."""
-    if _TARGET is None or _TARGET[0] != name:
-        return
-    _counts[name] = _counts.get(name, 0) + 1
-    if _counts[name] == _TARGET[1]:
+    if _hit(name):
         sys.stderr.write(f"crawlfleet fault injection: dying at {name} #{_counts[name]}\n")
         sys.stderr.flush()
         os._exit(137)
+
+
+def fails(name: str) -> bool:
+    """True if the operation at ``name`` must fail here (the caller raises its own error)."""
+    if not _hit(name):
+        return False
+    sys.stderr.write(f"crawlfleet fault injection: failing {name} #{_counts[name]}\n")
+    sys.stderr.flush()
+    return True

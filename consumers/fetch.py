@@ -92,6 +92,13 @@ _STARVED_COMMIT_S = 0.1
 CONTROL_CATCH_UP_S = 30.0
 #: A control topic that cannot be read is tried again after this long.
 CONTROL_RETRY_S = 2.0
+#: Targets with parked work and nothing in memory are looked for this often: a refill is
+#: otherwise triggered by the target's own events (a job finishing, a commit, a restore,
+#: the end of a rest), and a target with none left must not strand its parked queue.
+REFILL_SWEEP_S = 5.0
+#: A session that failed waits this long before the next one joins (the rejoin is within
+#: the session timeout, so static membership keeps the partitions).
+REJOIN_PAUSE_S = 1.0
 #: Expired dedupe keys are swept from the local store (a slice at a time) this often.
 SWEEP_EVERY_S = 10.0
 
@@ -124,8 +131,11 @@ class FetchStage:
                 with asyncio.Runner(loop_factory=_loop_factory()) as runner:
                     runner.run(self._session())
             except (FencedError, KafkaStageError) as exc:
+                # Everything uncommitted is dropped with the session; the next one restores
+                # its state and offsets from what is committed, and redoes the rest.
                 log.warning("fetch %s lost its transaction, rejoining: %s", self.worker, exc)
                 self.status.add("fenced")
+                time.sleep(REJOIN_PAUSE_S)  # a broker that is down fails at once: no spin
         self.status.remove()
 
     async def _session(self) -> None:
@@ -171,6 +181,7 @@ class _Session:
         self.robots_interval: dict[str, float] = {}
         # Targets deferred long enough to have gone to disk: refill them when this is due.
         self.wake_at: list[tuple[float, str]] = []
+        self.refill_sweep_at = time.monotonic() + REFILL_SWEEP_S
         self.running = 0
         self.paused = False
         self.wake = asyncio.Event()
@@ -218,6 +229,7 @@ class _Session:
         stores, restored on the restorer's thread: the partitions this worker already owns
         keep flowing meanwhile, and the callback returns at once."""
         consumer.pause(partitions)
+        self.status.assignment = sorted((tp.topic, tp.partition) for tp in consumer.assignment())
         self.restorer.start({p.partition for p in partitions})
         self.status.add("assigned_partitions", len(partitions))
         log.info("fetch %s: assigned partitions %s", self.st.worker,
@@ -257,7 +269,11 @@ class _Session:
             offset = offsets.get((tp.topic, tp.partition), -1)
             self.consumer.seek(TopicPartition(tp.topic, tp.partition,
                                               offset if offset >= 0 else OFFSET_BEGINNING))
-        self.ledger.assign([(tp.topic, tp.partition) for tp in tps])
+        # From the committed offsets: a partition whose only work is parked jobs consumes
+        # no record, and its results must still commit (with these offsets).
+        self.ledger.assign([(tp.topic, tp.partition) for tp in tps],
+                           {(tp.topic, tp.partition): offsets.get((tp.topic, tp.partition), -1)
+                            for tp in tps})
         if tps and not (self.paused or self.ctl_paused):
             self.consumer.resume(tps)
         if done.complete:
@@ -298,13 +314,17 @@ class _Session:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = [(p.topic, p.partition) for p in partitions]
+        self._unassigned(consumer, revoked)
         self.restorer.cancel({p.partition for p in partitions})
         self.status.add("revoked_partitions", len(partitions))
         log.info("fetch %s: revoked partitions %s", self.st.worker,
                  sorted({p.partition for p in partitions}))
         self.ledger.revoke(revoked)
         try:
-            self._commit()  # hand over finished work before the partitions move
+            # Hand over finished work before the partitions move. Not from the consumer's
+            # positions: this callback may run inside consume(), after it returned records
+            # that are not admitted yet, and a position past them would lose them.
+            self._commit(use_positions=False)
         except CrawlfleetError as exc:
             # Our state is no longer known to match the broker's: rebuild the session.
             self.broken = exc
@@ -313,11 +333,19 @@ class _Session:
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Partitions already gone (session timed out): drop the work, commit nothing."""
         revoked = [(p.topic, p.partition) for p in partitions]
+        self._unassigned(consumer, revoked)
         self.restorer.cancel({p.partition for p in partitions})
         self.status.add("lost_partitions", len(partitions))
         self.ledger.revoke(revoked)
+        self.ledger.poison("partitions lost")
         self.broken = FencedError("partitions lost: membership expired")
         self._forget(revoked)
+
+    def _unassigned(self, consumer: Consumer, gone: list[TP]) -> None:
+        """The status's assignment without ``gone`` (unassigned after the callback)."""
+        self.status.assignment = sorted(
+            (tp.topic, tp.partition) for tp in consumer.assignment()
+            if (tp.topic, tp.partition) not in set(gone))
 
     def _forget(self, revoked: list[TP]) -> None:
         owned = self.ledger.forget(revoked) | self.restorer.waiting
@@ -328,10 +356,11 @@ class _Session:
             self.parked.store.drop(part)
         self.loop.call_soon_threadsafe(self._drop_stale)
 
-    def _commit(self) -> None:
+    def _commit(self, use_positions: bool = True) -> None:
         assert self.consumer is not None and self.committer is not None
         positions = {(p.topic, p.partition): p.offset
-                     for p in self.consumer.position(self.consumer.assignment())}
+                     for p in self.consumer.position(self.consumer.assignment())} \
+            if use_positions else {}
         batch = self.ledger.take_commit(positions)
         if batch is None:
             return
@@ -341,9 +370,9 @@ class _Session:
                 self.consumer, batch.outputs,
                 [TopicPartition(t, p, o) for (t, p), o in batch.offsets.items()],
                 frozenset({self.topo.seen, self.topo.parked}))
-        except CrawlfleetError:
+        except CrawlfleetError as exc:
             self.status.add("aborted_txns")
-            self.ledger.aborted()
+            self.ledger.aborted(str(exc))  # commits nothing more: the session rebuilds
             self.parked.aborted(batch.changes)
             raise
         # Each store applies this transaction's writes and moves its checkpoint past them.
@@ -436,6 +465,8 @@ class _Session:
                     self._commit()  # graceful stop: finished work is not redone
                 except CrawlfleetError as exc:
                     log.warning("final commit failed: %s", exc)
+            # Leaving the group serves the revoke callback, which commits again unless a
+            # commit failed: then the ledger is broken and hands out nothing.
             self.consumer.close()
         if self.committer is not None:
             self.committer.close()
@@ -471,11 +502,13 @@ class _Session:
             if now - last_commit >= self.s.commit_interval_s or starved or burst:
                 await self._kafka(self._commit)
                 last_commit = now
+            self._sweep_parked(now)
             self._report()
 
     def _report(self) -> None:
         self.status.gauges.update(inflight=self.running, queued=len(self.sched),
                                   parked=self.parked.total(), seen_keys=len(self.seen),
+                                  uncommitted=self.ledger.uncommitted,
                                   paused=int(self.paused),
                                   restoring=len(self.restorer.waiting),
                                   restore_failing=len(self.restorer.failing))
@@ -612,6 +645,17 @@ class _Session:
         while self.wake_at and self.wake_at[0][0] <= now:
             _, target = heapq.heappop(self.wake_at)
             self._refill(target)
+
+    def _sweep_parked(self, now: float) -> None:
+        """Refill targets that have parked work and nothing in memory (main loop)."""
+        if now < self.refill_sweep_at:
+            return
+        self.refill_sweep_at = now + REFILL_SWEEP_S
+        for target in self.parked.waiting_targets():
+            if not self._held(target, 0) and not self._held(target, 1):
+                self.status.add("refill_sweeps")
+                self._refill(target)
+                self.wake.set()
 
     # --- rates: cap, robots, adaptive -----------------------------------------------------
 

@@ -10,7 +10,14 @@ Pure bookkeeping, no I/O, shared by the event loop (admit, finish) and the Kafka
   first is in flight, but not once that holder's partition moved (or the job would be lost);
 - dedupe-state and state-store changes of finished work are *pending* until the
   transaction carrying them commits, then *committing*, then applied by the stage: the
-  local stores never hold aborted state.
+  local stores never hold aborted state;
+- results are kept *per input partition* and leave only with that partition's offset, so a
+  batch is never dropped for want of a position (a worker restarted with only parked work
+  has consumed no record yet: its offsets are the group's committed ones, given at assign),
+  and a revoked partition's uncommitted results go with it (the next owner redoes them);
+- after any failed commit the ledger is *broken*: it hands out nothing more to commit, so
+  no later commit (a revoke callback's, a clean stop's) can move offsets past the aborted
+  work. The session must rebuild from what is committed.
 """
 
 from __future__ import annotations
@@ -63,6 +70,16 @@ class Pending:
 
 
 @dataclass
+class _Results:
+    """Finished, uncommitted work of one input partition."""
+
+    outputs: list[Output] = field(default_factory=list)
+    seen: SeenChanges = field(default_factory=dict)
+    changes: list[StoreChange] = field(default_factory=list)
+    jobs: int = 0  # jobs finished with a result (a request that a crash would repeat)
+
+
+@dataclass
 class CommitBatch:
     """What one transaction carries, and what to apply locally once it committed."""
 
@@ -70,6 +87,7 @@ class CommitBatch:
     offsets: dict[TP, int]
     seen: SeenChanges = field(default_factory=dict)
     changes: list[StoreChange] = field(default_factory=list)
+    jobs: int = 0
 
 
 class Ledger:
@@ -77,18 +95,24 @@ class Ledger:
         self.lock = threading.Lock()
         self.trackers: dict[TP, OffsetTracker] = {}
         self.epochs: dict[TP, int] = {}
-        self._completed: list[Output] = []
-        self._pending_seen: SeenChanges = {}
+        self._results: dict[TP, _Results] = {}
+        self._pending_seen: SeenChanges = {}  # every partition's, for duplicate checks
         self._committing_seen: SeenChanges = {}
-        self._pending_changes: list[StoreChange] = []
+        self._committing_jobs = 0
         self._holders: dict[str, tuple[TP, int, int, bytes | None]] = {}
 
     # --- ownership ------------------------------------------------------------------------
 
-    def assign(self, tps: list[TP]) -> None:
+        self.broken: str | None = None  # why nothing may be committed any more
+
+    def assign(self, tps: list[TP], committed: dict[TP, int] | None = None) -> None:
+        """Own ``tps`` from their ``committed`` offsets (the group's, read before the
+        partition is used): results of parked jobs can then commit before any new record
+        of the partition is consumed."""
         with self.lock:
             for tp in tps:
-                self.trackers[tp] = OffsetTracker()
+                offset = (committed or {}).get(tp, -1)
+                self.trackers[tp] = OffsetTracker(offset if offset >= 0 else None)
                 self.epochs[tp] = self.epochs.get(tp, 0) + 1
 
     def revoke(self, tps: list[TP]) -> None:
@@ -98,10 +122,15 @@ class Ledger:
                 self.epochs[tp] = self.epochs.get(tp, 0) + 1
 
     def forget(self, tps: list[TP]) -> set[int]:
-        """Drop revoked partitions' trackers; returns the partition numbers still owned."""
+        """Drop revoked partitions' trackers and their uncommitted results (the next owner
+        redoes that work); returns the partition numbers still owned."""
         with self.lock:
             for tp in tps:
                 self.trackers.pop(tp, None)
+                gone = self._results.pop(tp, None)
+                if gone is not None:
+                    for ref in gone.seen:
+                        self._pending_seen.pop(ref, None)
             return {tp[1] for tp in self.trackers}
 
     def owns(self, tp: TP) -> bool:
@@ -155,11 +184,14 @@ class Ledger:
         with self.lock:
             if self.epochs.get(pj.tp) != pj.epoch:
                 return False
+            res = self._results.setdefault(pj.tp, _Results())
             if seen is not None:
-                self._pending_seen[(pj.tp[1], pj.key)] = seen
-            self._completed.extend(outputs)
+                ref = (pj.tp[1], pj.key)
+                self._pending_seen[ref] = res.seen[ref] = seen
+                res.jobs += 1
+            res.outputs.extend(outputs)
             if changes:
-                self._pending_changes.extend(changes)
+                res.changes.extend(changes)
             tracker = self.trackers.get(pj.tp)
             if tracker is not None and pj.offset >= 0:
                 tracker.done(pj.offset)
@@ -170,7 +202,7 @@ class Ledger:
         with self.lock:
             if self.epochs.get(tp) != epoch:
                 return False
-            self._completed.extend(outputs)
+            self._results.setdefault(tp, _Results()).outputs.extend(outputs)
             tracker = self.trackers.get(tp)
             if tracker is not None:
                 tracker.done(offset)
@@ -178,7 +210,14 @@ class Ledger:
 
     @property
     def completed(self) -> int:
-        return len(self._completed)
+        """Outputs waiting for the next transaction."""
+        return sum(len(r.outputs) for r in self._results.values())
+
+    @property
+    def uncommitted(self) -> int:
+        """Jobs whose results are finished but not committed (waiting or being committed):
+        the requests a crash of this worker now would make the next owner repeat."""
+        return sum(r.jobs for r in self._results.values()) + self._committing_jobs
 
     def drop_holders(self, keep: Callable[[TP, int], bool]) -> None:
         self._holders = {k: h for k, h in self._holders.items() if keep(h[0], h[1])}
@@ -189,35 +228,61 @@ class Ledger:
         """The next transaction's content (None: nothing to commit).
 
         ``positions`` are the consumer's positions, past transaction markers: with nothing
-        in flight they are safe to commit, so an idle stage's lag reaches 0. A transaction
-        with outputs carries every owned partition's offset even if unchanged, so the broker
-        checks this worker still owns them (a zombie's outputs would otherwise commit).
+        in flight they are safe to commit, so an idle stage's lag reaches 0. Pass none from
+        a rebalance callback: served inside ``consume()``, it runs after records were
+        returned that this ledger has not admitted yet, and a position past them would lose
+        them. A transaction with outputs carries every owned partition's offset even if
+        unchanged, so the broker checks this worker still owns them (a zombie's outputs
+        would otherwise commit). Results of a partition with no offset to send yet stay
+        for a later transaction; nothing is ever dropped here.
         """
         with self.lock:
+            if self.broken is not None:
+                return None
             for tp, pos in positions.items():
                 tracker = self.trackers.get(tp)
                 if tracker is not None and pos >= 0:
                     tracker.advance_to(pos)
-            outputs, self._completed = self._completed, []
-            seen, self._pending_seen = self._pending_seen, {}
-            changes, self._pending_changes = self._pending_changes, []
-            points = {tp: (t.safe_point() if outputs else t.commit_point())
+            ready = [tp for tp, res in self._results.items()
+                     if (res.outputs or res.changes or res.seen)
+                     and tp in self.trackers and self.trackers[tp].safe_point() is not None]
+            carrying = bool(ready)
+            points = {tp: (t.safe_point() if carrying else t.commit_point())
                       for tp, t in self.trackers.items()}
             offsets = {tp: o for tp, o in points.items() if o is not None}
             if not offsets:
                 return None  # nothing new, or we own nothing any more: not ours to commit
-            self._committing_seen = seen
-            return CommitBatch(outputs, offsets, seen, changes)
+            batch = CommitBatch([], offsets)
+            for tp in ready:
+                res = self._results.pop(tp)
+                batch.outputs.extend(res.outputs)
+                batch.seen.update(res.seen)
+                batch.changes.extend(res.changes)
+                batch.jobs += res.jobs
+                for ref in res.seen:
+                    self._pending_seen.pop(ref, None)
+            self._committing_seen = batch.seen
+            self._committing_jobs = batch.jobs
+            return batch
 
     def committed(self, batch: CommitBatch) -> None:
         with self.lock:
             self._committing_seen = {}
+            self._committing_jobs = 0
             for tp, offset in batch.offsets.items():
                 tracker = self.trackers.get(tp)
                 if tracker is not None:
                     tracker.committed(offset)
 
-    def aborted(self) -> None:
-        """The batch never committed: its dedupe state must not count as seen."""
+    def aborted(self, why: str = "transaction failed") -> None:
+        """The batch never committed: its dedupe state must not count as seen, and nothing
+        may be committed any more in this session (offsets would pass the aborted work)."""
         with self.lock:
             self._committing_seen = {}
+            self._committing_jobs = 0
+            self.broken = why
+
+    def poison(self, why: str) -> None:
+        """Commit nothing more (partitions lost, a commit failed elsewhere)."""
+        with self.lock:
+            self.broken = self.broken or why

@@ -32,6 +32,8 @@ GAUGES: dict[str, tuple[str, str]] = {
     "inflight": ("crawlfleet_inflight_requests", "Requests in flight."),
     "queued": ("crawlfleet_queued_jobs", "Jobs queued in memory, waiting for their target."),
     "parked": ("crawlfleet_parked_jobs", "Jobs parked on disk beyond their target's share."),
+    "uncommitted": ("crawlfleet_uncommitted_results",
+                    "Jobs finished but not committed yet: requests a crash now would repeat."),
     "deferred_targets": ("crawlfleet_deferred_targets",
                          "Targets resting (Retry-After, back-off, robots unreachable, window)."),
     "seen_keys": ("crawlfleet_seen_keys", "Dedupe keys in the worker's seen store."),

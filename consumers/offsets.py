@@ -14,11 +14,13 @@ class OffsetTracker:
     dedupe keys (written in the same transaction) suppress the repeat.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, committed: int | None = None) -> None:
+        """``committed``: the group's committed offset when the partition was assigned
+        (None if it has none), so work that consumed no record can still commit."""
         self._inflight: list[int] = []  # min-heap of offsets started, not yet done
         self._done: set[int] = set()  # done offsets still in the heap (lazy deletion)
-        self._next: int | None = None  # one past the highest offset seen
-        self._committed: int | None = None
+        self._next: int | None = committed  # one past the highest offset seen
+        self._committed: int | None = committed
 
     def start(self, offset: int) -> None:
         heapq.heappush(self._inflight, offset)

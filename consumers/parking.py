@@ -111,6 +111,12 @@ class ParkedQueues:
                    for t in tiers)
 
     @_locked
+    def waiting_targets(self) -> set[str]:
+        """Targets with committed entries not in memory (a refill could take them)."""
+        return {t for (t, tier), n in self._stored.items()
+                if n - self._taken_n.get((t, tier), 0) > 0}
+
+    @_locked
     def must_park(self, target: str, tier: int) -> bool:
         """New work goes behind what its queue has parked, or order would be lost."""
         q = (target, tier)

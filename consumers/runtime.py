@@ -120,6 +120,8 @@ class TxnCommitter:
                 meta = consumer.consumer_group_metadata()
                 self._run(lambda: self.producer.send_offsets_to_transaction(offsets, meta, 30))
             faults.point("before_commit")
+            if faults.fails("abort_commit"):
+                raise TxnAbortedError("fault injection: the transaction must abort")
             self._run(lambda: self.producer.commit_transaction(30))
             faults.point("after_commit")
         except TxnAbortedError:
@@ -229,6 +231,9 @@ class StatusFile:
         self.counters: dict[str, int] = {}
         self.gauges: dict[str, int] = {}
         self.gauge_fns: dict[str, GaugeFn] = {}
+        #: The consumer's own assignment (every topic), as librdkafka holds it: what the
+        #: worker really reads, not what the group's lead-topic assignment implies.
+        self.assignment: list[tuple[str, int]] = []
         self.metrics = WorkerMetrics(stage, worker)
         self._last_write = 0.0
         self._last_activity = time.monotonic()
@@ -248,7 +253,8 @@ class StatusFile:
         data = {"stage": self.stage, "worker": self.worker, "pid": os.getpid(),
                 "counters": self.counters, "gauges": self.gauges,
                 "idle_s": round(now - self._last_activity, 3), "wall": time.time(),
-                "metrics_port": self.metrics.port}
+                "metrics_port": self.metrics.port,
+                "assignment": [list(tp) for tp in self.assignment]}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(self.path)

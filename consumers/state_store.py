@@ -31,11 +31,13 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient
 from rocksdict import DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
 
 from crawlfleet.config import Settings
 from crawlfleet.errors import InfraError
 from infra.kafka_io import consume_ready, tp_of
+from infra.live_state import high_watermarks
 
 log = logging.getLogger("crawlfleet.state")
 
@@ -52,11 +54,18 @@ def tail_changelog(settings: Settings, name: str, topic: str, partitions: list[i
                    start_of: Callable[[Consumer, int], int],
                    apply: Callable[[dict[int, list[Message]], dict[int, int]], None],
                    timeout_s: float) -> set[int]:
-    """Read each changelog partition from ``start_of`` to its end (``read_committed``).
+    """Read each changelog partition from ``start_of`` to its *stable* end (``read_committed``).
 
     ``apply(records by partition, next offset by partition)`` is called once per poll, so a
     store can write each batch of records together with its new checkpoint. Returns the
     partitions whose end was not reached in ``timeout_s``.
+
+    The end is reached when the read position meets the high watermark, not when a
+    ``read_committed`` fetch first reports end-of-partition: that is the last stable offset,
+    and the former owner's last transaction may still be open there (its markers not yet
+    written, or a dead owner's transaction not yet timed out). Stopping at it would miss
+    that transaction's writes, and the checkpoint would later be moved past them for good.
+    The wait is bounded by the transaction timeout (then the transaction aborts).
     """
     conf = {**settings.kafka_common(), "group.id": f"crawlfleet-{name}-restore",
             "enable.auto.commit": False, "isolation.level": "read_committed",
@@ -65,11 +74,13 @@ def tail_changelog(settings: Settings, name: str, topic: str, partitions: list[i
             # an empty fetch open for the default 500 ms.
             "fetch.wait.max.ms": 10}
     consumer = Consumer(conf)
+    admin = AdminClient(settings.kafka_common())
     pending = set(partitions)
     try:
         starts = {p: start_of(consumer, p) for p in partitions}
         consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
         deadline = time.monotonic() + timeout_s
+        at_lso: dict[int, int] = {}  # partitions read to their last stable offset
         while pending and time.monotonic() < deadline:
             records: dict[int, list[Message]] = {}
             nexts: dict[int, int] = {}
@@ -78,21 +89,39 @@ def tail_changelog(settings: Settings, name: str, topic: str, partitions: list[i
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        pending.discard(part)
                         end = msg.offset()
                         if end is not None and end >= 0:
+                            at_lso[part] = end
                             nexts[part] = max(nexts.get(part, 0), end)
                     else:
                         log.warning("%s restore: %s", name, err)
                     continue
+                at_lso.pop(part, None)
                 records.setdefault(part, []).append(msg)
                 offset = msg.offset()
                 assert offset is not None
                 nexts[part] = offset + 1
             apply(records, nexts)
+            waiting = pending & set(at_lso)
+            if waiting:
+                pending -= _settled(settings, admin, consumer, topic, waiting, at_lso)
     finally:
         consumer.close()
     return pending
+
+
+def _settled(settings: Settings, admin: AdminClient, consumer: Consumer, topic: str,
+             parts: set[int], at_lso: dict[int, int]) -> set[int]:
+    """Of ``parts`` (read to their last stable offset), those whose read position has met
+    the high watermark: no transaction is open on them."""
+    try:
+        high = high_watermarks(settings, topic, sorted(parts), 5.0, admin)
+    except InfraError as exc:
+        log.warning("restore of %s: high watermarks unavailable (%s); waiting", topic, exc)
+        return set()
+    positions = {tp.partition: tp.offset
+                 for tp in consumer.position([TopicPartition(topic, p) for p in parts])}
+    return {p for p in parts if max(at_lso[p], positions.get(p, -1)) >= high.get(p, 0)}
 
 
 class StateStore:

@@ -155,7 +155,7 @@ class ChaosReport:
     def store_within_bound(self) -> bool | None:
         """Raw rows beyond one per key within the store victims' uncommitted (None: not
         judged, the store did not report the gauge)."""
-        if self.bound.gauge_missing:
+        if self.bound.store_gauge_missing:
             return None
         return self.verdict.store_over_apply <= self.bound.store_rows
 
@@ -287,8 +287,11 @@ def print_report(report: ChaosReport, console: Console) -> None:
     if v.lost:
         console.print("lost, e.g.: " + ", ".join(v.lost[:10]))
     if b.gauge_missing:
-        console.print("[yellow]note:[/yellow] a victim's status had no `uncommitted` gauge: "
-                      "counted as 0, so the bound is the legacy exposure estimate")
+        console.print("[yellow]note:[/yellow] a fetch victim's status had no `uncommitted` "
+                      "gauge: counted as 0, so the bound is the legacy exposure estimate")
+    if b.store_gauge_missing:
+        console.print("[yellow]note:[/yellow] a store victim's status had no `uncommitted` "
+                      "gauge: counted as 0, so the store's over-apply is not judged")
     for note in report.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
     if report.evidence:

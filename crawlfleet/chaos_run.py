@@ -29,8 +29,6 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from confluent_kafka import ConsumerGroupState, KafkaException
-from confluent_kafka.admin import AdminClient
 from rich.console import Console
 
 from consumers.runtime import read_statuses
@@ -43,7 +41,7 @@ from crawlfleet.chaos_audit import (
 )
 from crawlfleet.chaos_report import ChaosReport, FaultRecord, Kill
 from crawlfleet.config import Settings
-from crawlfleet.crawl import Fleet, Plan
+from crawlfleet.crawl import Fleet, Plan, wait_ready
 from crawlfleet.drain import DrainCheck, broker_state
 from crawlfleet.errors import CrawlfleetError, InfraError
 from crawlfleet.evidence import keep_evidence
@@ -168,7 +166,7 @@ class ChaosRound:
         self.fleet.start()
         drain = DrainCheck(self.s, self.topo, self.fleet)
         try:
-            if not self._await_groups():
+            if not wait_ready(self.s, self.fleet, timeout_s=90.0):
                 self.notes.append("the groups were not all stable before the seeds went out")
             report = publish(self.site_spec.seeds(), self.s)
             if report.errors:
@@ -206,40 +204,6 @@ class ChaosRound:
                 self.active.cancel.set()
                 self.active.join(timeout=180)
             self.fleet.stop()
-
-    def _await_groups(self, timeout_s: float = 90.0) -> bool:
-        """Block until every worker reports and every group is stable with all its members.
-
-        Not ``crawl.wait_ready``: its 5 s describe can time out on a fresh three-node
-        cluster, where librdkafka 2.x may then abort the whole process (librdkafka#4605,
-        ``eonce->refcnt > 0``). Here the groups are described only once every worker has
-        written its status (so the coordinator is known and answers), with a long timeout.
-        """
-        deadline = time.monotonic() + timeout_s
-        workers = sum(self.plan.counts().values())
-        while len(read_statuses(self.s.status_dir)) < workers:
-            if time.monotonic() > deadline:
-                return False
-            self.fleet.heal()
-            time.sleep(TICK_S)
-        want = {self.topo.group(stage): n for stage, n in self.plan.counts().items() if n}
-        admin = AdminClient(self.s.kafka_common())
-        while time.monotonic() < deadline:
-            self.fleet.heal()
-            ready = True
-            for group, fut in admin.describe_consumer_groups(list(want),
-                                                             request_timeout=30).items():
-                try:
-                    desc = fut.result()
-                except KafkaException:
-                    ready = False
-                    continue
-                if desc.state != ConsumerGroupState.STABLE or len(desc.members) < want[group]:
-                    ready = False
-            if ready:
-                return True
-            time.sleep(TICK_S)
-        return False
 
     def _progress(self) -> float:
         requested = len(self.site.requests) - len(self.s.allowed_targets)  # robots.txt

@@ -8,13 +8,15 @@ restarted with the same worker id, which fences its former self.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -166,11 +168,14 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
               keep_topics: bool = False) -> Summary:
     """Crawl from ``seeds`` until the pipeline drains (or ``timeout_s``); return a summary.
 
-    Without a configured topic prefix the crawl gets its own (``c<unix time>.``), sized to
-    ``plan`` unless ``partitions`` is set; once it has drained, those topics and groups are
-    deleted (unless ``keep_topics``): the results are in ClickHouse, and nothing can resume
-    a finished one-off crawl. A crawl that did not drain keeps them, so it can be resumed
-    with ``--topic-prefix`` (which adopts their partition count).
+    Without a configured topic prefix the crawl gets a namespace of its own
+    (:func:`one_off_prefix`), sized to ``plan`` unless ``partitions`` is set, and refuses a
+    prefix that already names any topic or group; once it has drained, the topics it created
+    and its groups are deleted (unless ``keep_topics``): the results are in ClickHouse, and
+    nothing can resume a finished one-off crawl. A crawl that did not drain keeps them, so it
+    can be resumed with ``--topic-prefix`` (which adopts existing topics and their partition
+    count, and deletes nothing). The data dir is held for the crawl's life
+    (:func:`hold_data_dir`).
     """
     console = console or Console(stderr=True)
     if not settings.bootstrap_servers and not kafka_local.status().running:
@@ -182,17 +187,33 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
         settings = settings.replace(allowed_targets=_seed_targets(seeds, settings))
     ephemeral = not settings.topic_prefix
     if ephemeral:
-        settings = settings.replace(topic_prefix=f"c{int(time.time())}.")
+        settings = settings.replace(topic_prefix=one_off_prefix())
     if ephemeral and not settings.partitions:
         settings = settings.replace(partitions=plan.partitions())
-    settings = adopt_partitions(settings)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    create_topics(settings)
+    with hold_data_dir(settings):
+        settings = adopt_partitions(settings)
+        created = [name for name, how in create_topics(settings, fresh=ephemeral).items()
+                   if how == "created"]
+        summary = _crawl(settings, seeds, plan, console, timeout_s)
+        if ephemeral and not keep_topics:
+            try:
+                summary.topics_deleted = len(delete_topics(settings, topics=created))
+            except InfraError as exc:
+                console.print(f"[yellow]topics of {settings.topic_prefix} not deleted: {exc}")
+            if not summary.drained:
+                console.print(f"[yellow]timed out: this run's topics ({settings.topic_prefix}*) "
+                              "were deleted; to resume a crawl later, run it with --keep-topics "
+                              "and then again with the same --topic-prefix")
+    return summary
+
+
+def _crawl(settings: Settings, seeds: list[str], plan: Plan, console: Console,
+           timeout_s: float | None) -> Summary:
+    """Start the fleet on provisioned topics, publish, watch until drained; stop the fleet."""
     fleet = Fleet(settings, plan, settings.data_dir / "logs" / settings.topic_prefix.rstrip("."))
     started = time.monotonic()
     start_wall = time.time()
     fleet.start()
-    drained = False
     try:
         wait_ready(settings, fleet)
         published_wall = time.time()
@@ -201,37 +222,103 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
             console.print(f"[yellow]seed line {line}: {reason}")
         drained = _watch(settings, fleet, console, timeout_s, started)
         elapsed = time.monotonic() - started
-        summary = _summarise(settings, report, start_wall, elapsed, drained, fleet,
-                             published_wall)
+        return _summarise(settings, report, start_wall, elapsed, drained, fleet,
+                          published_wall)
     finally:
         fleet.stop()
-    if ephemeral and not keep_topics:
+
+
+def one_off_prefix() -> str:
+    """A one-off crawl's namespace: ``c<unix time>-<6 random hex digits>.``.
+
+    The time keeps names readable and in start order; the random part keeps apart two
+    crawls started in the same second on one broker, which would otherwise share topics,
+    groups, transactional ids and static member ids, fence each other, store each other's
+    pages and delete each other's topics (24 bits: a clash needs ~4,000 crawls in a second).
+    """
+    return f"c{int(time.time())}-{secrets.token_hex(3)}."
+
+
+class DataDirBusyError(InfraError):
+    """Another live crawl holds this data dir (and the embedded store in it)."""
+
+    reason = "data_dir_busy"
+
+
+#: The crawl's own lock file in its data dir (not the store's: that one is chDB's).
+CRAWL_LOCK = "crawl.lock"
+
+
+@contextlib.contextmanager
+def hold_data_dir(settings: Settings) -> Iterator[None]:
+    """Hold ``settings.data_dir`` for one crawl, or refuse naming the crawl that holds it.
+
+    The embedded store admits one process per path: a second crawl on the same dir would
+    start a store worker that fails on chDB's own lock, deep in its log. An flock is released
+    by the kernel when its holder dies, so a crashed crawl never leaves the dir held; the
+    file says who holds it. A crawl whose store is a ClickHouse server takes no lock: its
+    statuses, logs and local state in the data dir are all per topic prefix.
+    """
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    if settings.clickhouse_dsn.get():
+        yield
+        return
+    path = settings.data_dir / CRAWL_LOCK
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)  # not inherited by the stage processes
+    try:
         try:
-            summary.topics_deleted = len(delete_topics(settings))
-        except InfraError as exc:
-            console.print(f"[yellow]topics of {settings.topic_prefix} not deleted: {exc}")
-        if not drained:
-            console.print(f"[yellow]timed out: this run's topics ({settings.topic_prefix}*) "
-                          "were deleted; to resume a crawl later, run it with --keep-topics "
-                          "and then again with the same --topic-prefix")
-    return summary
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _busy(settings, path) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "topic_prefix": settings.topic_prefix,
+                                 "started": round(time.time(), 3)}).encode())
+        yield
+    finally:
+        os.close(fd)  # releases the lock; the file stays (unlinking it would race a locker)
+
+
+def _busy(settings: Settings, path: Path) -> DataDirBusyError:
+    try:
+        holder = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):  # the holder is writing it right now
+        holder = {}
+    pid = holder.get("pid", "unknown")
+    topics = f", topics {holder['topic_prefix']}*" if holder.get("topic_prefix") else ""
+    return DataDirBusyError(
+        f"another crawl (pid {pid}{topics}) is using the data dir "
+        f"{settings.data_dir.resolve()}, and its embedded store admits one crawl at a time: "
+        "give this crawl a data dir of its own (--data-dir DIR or CRAWLFLEET_DATA_DIR), or "
+        "wait until that crawl has finished")
 
 
 def wait_ready(settings: Settings, fleet: Fleet, timeout_s: float = 60.0) -> bool:
-    """Block until every stage's group is stable with all its planned members.
+    """Block until every worker reports and every group is stable with all its members.
 
     Seeds published earlier would be fetched while the parse group is still forming, and
     the crawl's first hops would wait on its rebalance. False after ``timeout_s`` (the crawl
     then goes on regardless: a late member only joins late).
+
+    The groups are described only once every live stage process has written its status (so
+    it has joined and the coordinator is known), and patiently (30 s): a short describe can
+    time out on a fresh three-node cluster, where librdkafka 2.x may then abort the whole
+    process (librdkafka#4605, ``eonce->refcnt > 0``).
     """
+    deadline = time.monotonic() + timeout_s
+    workers = sum(fleet.plan.counts().values())
+    while _reporting(settings, fleet) < workers:
+        if time.monotonic() > deadline:
+            return False
+        fleet.heal()
+        time.sleep(READY_TICK_S)
     topo = topology_of(settings)
     want = {topo.group(stage): n for stage, n in fleet.plan.counts().items() if n}
     admin = AdminClient(settings.kafka_common())
-    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         fleet.heal()
         ready = True
-        for group, fut in admin.describe_consumer_groups(list(want), request_timeout=5).items():
+        for group, fut in admin.describe_consumer_groups(
+                list(want), request_timeout=DESCRIBE_TIMEOUT_S).items():
             try:
                 desc = fut.result()
             except KafkaException:
@@ -241,8 +328,19 @@ def wait_ready(settings: Settings, fleet: Fleet, timeout_s: float = 60.0) -> boo
                 ready = False
         if ready:
             return True
-        time.sleep(0.1)
+        time.sleep(READY_TICK_S)
     return False
+
+
+#: How often wait_ready looks again, and how long one group describe may take.
+READY_TICK_S = 0.1
+DESCRIBE_TIMEOUT_S = 30.0
+
+
+def _reporting(settings: Settings, fleet: Fleet) -> int:
+    """Live stage processes of ``fleet`` with a status file (a resumed crawl's are stale)."""
+    pids = {p.pid for p in fleet.procs.values() if p.poll() is None}
+    return sum(1 for st in read_statuses(settings.status_dir) if st.get("pid") in pids)
 
 
 def _seed_targets(lines: list[str], settings: Settings) -> tuple[str, ...]:

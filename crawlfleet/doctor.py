@@ -114,13 +114,18 @@ def seen_retention_check(s: Settings, retention_ms: int | None) -> Check:
 
 
 def transaction_check(s: Settings, txn_timeout_ms: int) -> Check:
-    """A dead worker's open transaction blocks the next owner until it times out."""
-    ok = txn_timeout_ms <= s.session_timeout_ms
-    return Check("transaction timeout <= session_timeout_ms",
-                 f"{txn_timeout_ms} ms vs {s.session_timeout_ms} ms", OK if ok else WARN,
-                 "" if ok else f"raise session_timeout_ms to {txn_timeout_ms}: until a dead "
-                 "worker's open transaction times out, read_committed readers and the new "
-                 "owner's committed offsets wait behind it, past the lease")
+    """A dead worker's open transaction blocks the next owner until it times out; a short
+    one aborts every batch while a broker pauses (librdkafka caps produce timeouts by it)."""
+    name = "session/3 <= transaction timeout <= session_timeout_ms"
+    value = f"{txn_timeout_ms} ms vs {s.session_timeout_ms} ms"
+    if txn_timeout_ms > s.session_timeout_ms:
+        return Check(name, value, WARN, f"raise session_timeout_ms to {txn_timeout_ms}: until "
+                     "a dead worker's open transaction times out, read_committed readers and "
+                     "the new owner's restore wait behind it, past the lease")
+    if txn_timeout_ms * LEASE_FACTOR < s.session_timeout_ms:
+        return Check(name, value, WARN, "a broker pause longer than the transaction timeout "
+                     "aborts every batch in flight: keep it near session_timeout_ms")
+    return Check(name, value, OK)
 
 
 def commit_check(s: Settings) -> Check:

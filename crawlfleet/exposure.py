@@ -11,8 +11,8 @@ results (the status gauge ``uncommitted``). So every *drop* adds to the bound
 The last term is what the worker may have sent after its file was written; the site's own
 log counts it exactly (every host, so it can only over-count). A kill is a drop we cause
 and sample right before; the others show in the status file as a new pid or a higher
-``aborted_txns``/``fenced``/``lost_partitions``/``revoked_partitions`` counter, and then
-the figures are the largest the worker reported since its previous drop.
+``aborted_txns``/``fenced``/``lost_partitions``/``revoked_partitions``/``internal_errors``
+counter, and then the figures are the largest the worker reported since its previous drop.
 
 The store's raw rows beyond one per key come from the same thing at the store: a store
 worker that inserted rows and died (or aborted) before committing their offsets inserts
@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: Status counters that each mean "this worker dropped the work it held".
-DROP_COUNTERS = ("aborted_txns", "fenced", "lost_partitions", "revoked_partitions")
+DROP_COUNTERS = ("aborted_txns", "fenced", "lost_partitions", "revoked_partitions",
+                 "internal_errors")
 #: Rebalances one fetch kill can cause without static membership (legacy estimate).
 REBALANCES_PER_FETCH_KILL = 2
 #: Stages whose dropped work is redone as page requests / as store rows.
@@ -95,9 +96,10 @@ class Bound:
     requests: int  # Σ fetch drops' in-flight + uncommitted + site requests since their read
     store_rows: int  # Σ store drops' uncommitted
     legacy: int  # the older exposure estimate (victims' load + 2 x fleet load in windows)
-    gauge_missing: bool  # some drop's worker did not report `uncommitted`
+    gauge_missing: bool  # some fetch drop's worker did not report `uncommitted`
     drops: int
     drops_by_cause: dict[str, int] = field(default_factory=dict)
+    store_gauge_missing: bool = False  # some store drop's worker did not report it
 
     @property
     def used(self) -> int:
@@ -207,7 +209,7 @@ class Exposure:
             sum(w[1] for w in self._windows.values()))
         req = 0
         store = 0
-        missing = False
+        missing = store_missing = False
         by_cause: dict[str, int] = {}
         for d in self.drops:
             by_cause[d.cause] = by_cause.get(d.cause, 0) + 1
@@ -215,10 +217,11 @@ class Exposure:
                 missing = missing or d.uncommitted is None
                 req += d.exposed + requests_between(d.since_wall, d.wall)
             elif d.stage in STORE_STAGES:
-                missing = missing or d.uncommitted is None
+                store_missing = store_missing or d.uncommitted is None
                 store += d.uncommitted or 0
         return Bound(requests=req, store_rows=store, legacy=legacy, gauge_missing=missing,
-                     drops=len(self.drops), drops_by_cause=by_cause)
+                     drops=len(self.drops), drops_by_cause=by_cause,
+                     store_gauge_missing=store_missing)
 
 
 def repeats_by_fault(requests: list[tuple[float, str]],

@@ -145,7 +145,7 @@ def round_line(report: ChaosReport, commit: str, index: int) -> dict[str, Any]:
         "bound_basis": "uncommitted" if not b.gauge_missing else "legacy",
         "uncommitted_gauge": not b.gauge_missing,
         "store_over_apply": v.store_over_apply,
-        "store_over_apply_bound": None if b.gauge_missing else b.store_rows,
+        "store_over_apply_bound": None if b.store_gauge_missing else b.store_rows,
         "within_bound": report.within_bound,
         "faults": report.faults_by_kind, "kills_by_stage": report.kills_by_stage,
         "fault_errors": [f"{f.kind}: {f.error}" for f in report.faults if f.error],

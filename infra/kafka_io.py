@@ -93,10 +93,22 @@ def producer_conf(settings: Settings, client_id: str,
     }
     if transactional_id:
         conf["transactional.id"] = transactional_id
-        # A worker that dies mid-transaction blocks read_committed readers until this
-        # expires (or until it restarts with the same id and fences its old self).
-        conf["transaction.timeout.ms"] = 15_000
+        conf["transaction.timeout.ms"] = transaction_timeout_ms(settings)
     return conf
+
+
+def transaction_timeout_ms(settings: Settings) -> int:
+    """The session timeout: the longest a transaction may stay open.
+
+    Two costs pull against each other. A worker that dies mid-transaction blocks
+    read_committed readers and the next owner's restore until it expires (or until it
+    restarts under its id and fences its old self): at most the session timeout keeps that
+    within the lease the group grants anyway. librdkafka also caps the producer's message
+    and socket timeouts by it, so a short one turns a slow broker into an aborted batch
+    (the former 15 s did, for any broker pause past 15 s). The session timeout is
+    the pause the group already rides out without a rebalance, so a transaction does too.
+    """
+    return settings.session_timeout_ms
 
 
 def consume_ready(consumer: Consumer, max_n: int, timeout: float) -> list[Message]:

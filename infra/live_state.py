@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from confluent_kafka import (
@@ -64,7 +65,7 @@ def live_entries(settings: Settings, topic: str, partitions: int,
             "enable.auto.commit": False, "isolation.level": "read_committed",
             "enable.partition.eof": True, "auto.offset.reset": "earliest",
             "fetch.wait.max.ms": 10}
-    ends = high_watermarks(settings, topic, partitions, timeout_s)
+    ends = high_watermarks(settings, topic, range(partitions), timeout_s)
     for p in range(partitions):
         out.counts[p] = 0
         out.keys[p] = set()
@@ -110,13 +111,13 @@ def live_entries(settings: Settings, topic: str, partitions: int,
     return out
 
 
-def high_watermarks(settings: Settings, topic: str, partitions: int,
-                    timeout_s: float = 10.0) -> dict[int, int]:
+def high_watermarks(settings: Settings, topic: str, partitions: Iterable[int],
+                    timeout_s: float = 10.0, admin: AdminClient | None = None) -> dict[int, int]:
     """The high watermark of each partition, in one request (read_uncommitted: a
     ``read_committed`` client's watermark is the last stable offset instead)."""
-    admin = AdminClient(settings.kafka_common())
+    admin = admin if admin is not None else AdminClient(settings.kafka_common())
     asked = {TopicPartition(topic, p): OffsetSpec.latest()  # type: ignore[no-untyped-call]
-             for p in range(partitions)}
+             for p in partitions}
     try:
         futures = admin.list_offsets(asked, isolation_level=IsolationLevel.READ_UNCOMMITTED,
                                      request_timeout=timeout_s)

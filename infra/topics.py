@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -19,17 +19,39 @@ from infra.kafka_io import topology_of
 log = logging.getLogger("crawlfleet.topics")
 
 
-def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]:
+class NamespaceTakenError(InfraError):
+    """A fresh namespace's prefix already names topics or groups: someone else's crawl."""
+
+    reason = "namespace_taken"
+
+
+def create_topics(settings: Settings, timeout_s: float = 30.0, *,
+                  fresh: bool = False) -> dict[str, str]:
     """Create every missing topic; returns {topic: "created" | "exists"}.
 
     An existing topic with another partition count than the configuration's is refused:
     producers pick a target's partition from that count, so a mismatch would send a
     target's jobs to a partition its owner does not hold.
+
+    ``fresh``: the caller opens a new namespace (a one-off crawl) and will later delete it,
+    so it must own everything under its prefix. Any topic or consumer group of the prefix
+    that already exists, or a creation the broker answers "already exists" (another client
+    created it since), is refused with :class:`NamespaceTakenError` after deleting the
+    topics this call created: adopting them would share transactional ids and static
+    members with their owner, and deleting them later would pull its topics from under it.
+    Without ``fresh`` existing topics are adopted (a resumed crawl, shared topics).
     """
+    if fresh and not settings.topic_prefix:
+        raise NamespaceTakenError("a fresh namespace needs a topic prefix of its own")
     admin = AdminClient(settings.kafka_common())
     specs = topology_of(settings).specs()
     metadata = _list_topics(admin, settings, timeout_s)
     existing = {name for name, t in metadata.items() if t.error is None}
+    if fresh:
+        taken = sorted(n for n in metadata if n.startswith(settings.topic_prefix))
+        groups = _list_groups(admin, settings, timeout_s)
+        if taken or groups:
+            raise _taken(settings, taken, groups)
     for spec in specs:
         if spec.name in existing and len(metadata[spec.name].partitions) != spec.partitions:
             have = len(metadata[spec.name].partitions)
@@ -41,6 +63,7 @@ def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]
                     config=s.config) for s in specs if s.name not in existing]
     if not new:
         return result
+    failure: InfraError | None = None
     for name, fut in admin.create_topics(new, operation_timeout=timeout_s).items():
         try:
             fut.result()
@@ -48,8 +71,16 @@ def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]
         except KafkaException as exc:
             err: KafkaError = exc.args[0]
             if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise InfraError(f"cannot create topic {name}: {err.str()}") from exc
-            result[name] = "exists"
+                failure = failure or InfraError(f"cannot create topic {name}: {err.str()}")
+            elif fresh:
+                failure = failure or _taken(settings, [name], [])
+            else:
+                result[name] = "exists"
+    if failure is not None:
+        if fresh:  # leave the prefix as it was: nothing half-made for its owner to trip on
+            delete_topics(settings, topics=[n for n, v in result.items() if v == "created"],
+                          stages=(), timeout_s=timeout_s)
+        raise failure
     def leaderless(topics: dict[str, Any]) -> list[str]:
         return [t.name for t in specs if t.name not in topics or topics[t.name].error is not None
                 or len(topics[t.name].partitions) < t.partitions
@@ -59,6 +90,15 @@ def create_topics(settings: Settings, timeout_s: float = 30.0) -> dict[str, str]
         raise InfraError(f"topics without leaders after {timeout_s:.0f} s: "
                          f"{', '.join(sorted(missing))}")
     return result
+
+
+def _taken(settings: Settings, topics: list[str], groups: list[str]) -> NamespaceTakenError:
+    found = [*topics, *(f"group {g}" for g in groups)]
+    more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+    return NamespaceTakenError(
+        f"topic prefix {settings.topic_prefix} is already in use ({', '.join(found[:3])}{more}):"
+        " a new crawl never adopts or deletes another's topics; resume that crawl with "
+        f"--topic-prefix {settings.topic_prefix}, or start this one without --topic-prefix")
 
 
 def existing_partitions(settings: Settings, timeout_s: float = 10.0) -> int | None:
@@ -89,6 +129,19 @@ def _list_topics(admin: AdminClient, settings: Settings, timeout_s: float) -> di
         raise InfraError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
 
 
+def _list_groups(admin: AdminClient, settings: Settings, timeout_s: float) -> list[str]:
+    """This prefix's consumer groups, empty ones (committed offsets, no members) included."""
+    try:
+        listing = admin.list_consumer_groups(request_timeout=timeout_s).result()
+    except KafkaException as exc:
+        raise InfraError(f"cannot list consumer groups at {settings.bootstrap_servers}: "
+                         f"{exc}") from exc
+    if listing.errors:  # a broker that did not answer may hold one of ours
+        raise InfraError(f"cannot list every consumer group at {settings.bootstrap_servers}: "
+                         f"{listing.errors[0]}")
+    return sorted(g.group_id for g in listing.valid if g.group_id.startswith(settings.topic_prefix))
+
+
 def _await_metadata(admin: AdminClient, pending: Callable[[dict[str, Any]], list[str]],
                     timeout_s: float) -> list[str]:
     """Poll the brokers' metadata until ``pending(topics)`` is empty; what is left at timeout.
@@ -111,17 +164,35 @@ def _await_metadata(admin: AdminClient, pending: Callable[[dict[str, Any]], list
 
 def delete_topics(settings: Settings, stages: tuple[str, ...] = ("fetch", "parse", "store",
                                                                   "retry"),
-                  timeout_s: float = 30.0) -> list[str]:
-    """Delete every topic of the topology and its stages' consumer groups (best effort).
+                  timeout_s: float = 30.0, *,
+                  topics: Collection[str] | None = None) -> list[str]:
+    """Delete the topology's topics (or only ``topics``) and ``stages``' groups (best effort).
 
     For the all-in-one crawl's own per-run prefix: its results live in ClickHouse, and a
-    broker that keeps every finished crawl's partitions gets slower with each one.
+    broker that keeps every finished crawl's partitions gets slower with each one. A crawl
+    passes ``topics``, the ones it created itself, so it never deletes what it found.
     Returns the topics deleted.
     """
     admin = AdminClient(settings.kafka_common())
     topo = topology_of(settings)
     # No list_topics filter: a broker's metadata view can lag a creation it just confirmed.
-    names = [s.name for s in topo.specs()]
+    names = [s.name for s in topo.specs()] if topics is None else sorted(topics)
+    deleted: list[str] = []
+    if names:
+        deleted = _delete_named(admin, settings, names, timeout_s)
+    groups = [topo.group(stage) for stage in stages]
+    if not groups:
+        return deleted
+    for group, fut in admin.delete_consumer_groups(groups, request_timeout=timeout_s).items():
+        try:
+            fut.result()
+        except KafkaException as exc:  # never created, or still has members
+            log.debug("group %s not deleted: %s", group, exc)
+    return deleted
+
+
+def _delete_named(admin: AdminClient, settings: Settings, names: list[str],
+                  timeout_s: float) -> list[str]:
     deleted = []
     try:
         futures = admin.delete_topics(names, operation_timeout=timeout_s)
@@ -138,10 +209,4 @@ def delete_topics(settings: Settings, stages: tuple[str, ...] = ("fetch", "parse
     if listed:
         log.warning("deleted topics still listed after %.0f s: %s", timeout_s,
                     ", ".join(sorted(listed)))
-    groups = [topo.group(stage) for stage in stages]
-    for group, fut in admin.delete_consumer_groups(groups, request_timeout=timeout_s).items():
-        try:
-            fut.result()
-        except KafkaException as exc:  # never created, or still has members
-            log.debug("group %s not deleted: %s", group, exc)
     return deleted

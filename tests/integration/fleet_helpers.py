@@ -160,6 +160,10 @@ class Worker:
     def counter(self, name: str) -> int:
         return int(self.status().get("counters", {}).get(name, 0))
 
+    def assignment(self) -> set[tuple[str, int]]:
+        """The partitions this worker's consumer holds, every topic, as it reports them."""
+        return {(t, p) for t, p in self.status().get("assignment", [])}
+
     def gauge(self, name: str) -> int:
         return int(self.status().get("gauges", {}).get(name, 0))
 
@@ -402,12 +406,20 @@ def group_assignment(settings: Settings, stage: str) -> dict[str, set[tuple[str,
     """{client id (= worker id): assigned (topic, partition)s} of a stage's consumer group.
 
     The group assigns a stage's lead topic; its co-partitioned followers go with it (see
-    ``Topology.subscription``), so they are listed too. Empty while the group coordinator is
-    not answering yet (fresh broker, moving group).
+    ``Topology.subscription``), so they are listed too, *derived* from the lead's: a test of
+    whether tiers stay together must read ``Worker.assignment`` instead. Empty while the
+    group coordinator is not answering yet (fresh broker, moving group).
     """
-    topo = topology_of(settings)
-    group = topo.group(stage)
-    followers = topo.followers(stage)
+    followers = topology_of(settings).followers(stage)
+    out = lead_assignment(settings, stage)
+    for tps in out.values():
+        tps.update((f, p) for f in followers for _, p in list(tps))
+    return out
+
+
+def lead_assignment(settings: Settings, stage: str) -> dict[str, set[tuple[str, int]]]:
+    """The group coordinator's own view: each member's lead-topic partitions only."""
+    group = topology_of(settings).group(stage)
     admin = AdminClient(settings.kafka_common())
     try:
         desc = admin.describe_consumer_groups([group])[group].result(timeout=10)
@@ -416,9 +428,7 @@ def group_assignment(settings: Settings, stage: str) -> dict[str, set[tuple[str,
     out: dict[str, set[tuple[str, int]]] = {}
     for m in desc.members:
         tps = m.assignment.topic_partitions if m.assignment else []
-        mine = out.setdefault(m.client_id, set())
-        mine.update((tp.topic, tp.partition) for tp in tps)
-        mine.update((f, tp.partition) for f in followers for tp in tps)
+        out.setdefault(m.client_id, set()).update((tp.topic, tp.partition) for tp in tps)
     return out
 
 

@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient
 from fleet_helpers import (
     Workers,
     create_all_topics,
-    group_assignment,
+    lead_assignment,
     page_counts,
     publish_seeds,
     report,
@@ -34,8 +34,9 @@ pytestmark = pytest.mark.integration
 HOST = "127.0.0.2"
 
 
-def _fetch_parts(s: Settings, wid: str) -> set[tuple[str, int]]:
-    return group_assignment(s, "fetch").get(wid, set())
+def _fetch_parts(ws: Workers, wid: str) -> set[tuple[str, int]]:
+    """What the worker's consumer holds, every tier, as it reports it (not derived)."""
+    return ws.all[wid].assignment() if wid in ws.all else set()
 
 
 def test_a_pause_issued_before_a_worker_starts_is_honoured(
@@ -54,7 +55,7 @@ def test_a_pause_issued_before_a_worker_starts_is_honoured(
         ws = fleet(s)
         ws.start_pipeline(fetch=1)
         fetch = ws.all["fetch-0"]
-        wait_until(lambda: len(_fetch_parts(s, "fetch-0")) == 2 * s.topic_partitions, 60,
+        wait_until(lambda: len(_fetch_parts(ws, "fetch-0")) == 2 * s.topic_partitions, 60,
                    "fetch-0 to own every frontier partition")
         wait_until(lambda: fetch.counter("restores") >= 1 and fetch.gauge("restoring") == 0,
                    60, "fetch-0's partitions restored")
@@ -139,12 +140,12 @@ def test_a_killed_worker_restarted_under_its_id_takes_its_partitions_back(
         ws = fleet(s)
         ws.start_pipeline(fetch=2)
         survivor, victim = ws.all["fetch-0"], ws.all["fetch-1"]
-        wait_until(lambda: len(_fetch_parts(s, "fetch-0")) == len(_fetch_parts(s, "fetch-1"))
+        wait_until(lambda: len(_fetch_parts(ws, "fetch-0")) == len(_fetch_parts(ws, "fetch-1"))
                    == s.topic_partitions and all(w.counter("restores") >= 1
                                                  and w.gauge("restoring") == 0
                                                  for w in (survivor, victim)),
                    60, "both workers settled, half the partitions each")
-        before = _fetch_parts(s, "fetch-1")
+        before = _fetch_parts(ws, "fetch-1")
         assigned = survivor.counter("assigned_partitions")
         revoked_before = survivor.counter("revoked_partitions")  # settling moved some
         urls = [u for h in hosts for u in site.urls(h, 40)]
@@ -154,7 +155,7 @@ def test_a_killed_worker_restarted_under_its_id_takes_its_partitions_back(
         ws.restart("fetch-1")
         again = ws.all["fetch-1"]
         wait_until(lambda: again.counter("restores") >= 1, 60, "the restarted worker's restore")
-        after = _fetch_parts(s, "fetch-1")
+        after = _fetch_parts(ws, "fetch-1")
         wait_drained(s, ws, 120, lambda: page_counts(s).final >= len(urls))
         counts = page_counts(s)
         revoked = survivor.counter("revoked_partitions") - revoked_before
@@ -178,23 +179,28 @@ def test_a_joining_worker_moves_only_the_partitions_it_takes(
         ws = fleet(s)
         ws.start_pipeline(fetch=1)
         first = ws.all["fetch-0"]
-        wait_until(lambda: len(_fetch_parts(s, "fetch-0")) == 2 * s.topic_partitions
+        wait_until(lambda: len(_fetch_parts(ws, "fetch-0")) == 2 * s.topic_partitions
                    and first.gauge("restoring") == 0, 60, "fetch-0 owning everything")
         urls = [u for h in hosts for u in site.urls(h, 40)]
         publish_seeds(s, urls)
         wait_until(lambda: len(site.pages()) >= 20, 60, "the crawl under way")
         ws.start("fetch", "fetch-1")
-        wait_until(lambda: _fetch_parts(s, "fetch-1") and ws.all["fetch-1"].counter(
+        wait_until(lambda: _fetch_parts(ws, "fetch-1") and ws.all["fetch-1"].counter(
             "restores") >= 1, 60, "fetch-1 to take its share")
-        kept = _fetch_parts(s, "fetch-0")
-        taken = _fetch_parts(s, "fetch-1")
+        kept = _fetch_parts(ws, "fetch-0")
+        taken = _fetch_parts(ws, "fetch-1")
+        leads = lead_assignment(s, "fetch")
+        lead_kept, lead_taken = leads.get("fetch-0", set()), leads.get("fetch-1", set())
         revoked = first.counter("revoked_partitions")
         wait_drained(s, ws, 120, lambda: page_counts(s).final >= len(urls))
         counts = page_counts(s)
     report("cooperative_join", kept=len(kept), taken=len(taken), revoked=revoked)
     assert kept and taken and not kept & taken
     assert revoked == len(taken)  # exactly what moved, not everything it owned
-    for parts in (kept, taken):  # a partition's tiers never split between workers
-        numbers = {p for _, p in parts}
+    for parts, lead in ((kept, lead_kept), (taken, lead_taken)):
+        # A partition's tiers never split between workers: each holds every tier of the
+        # partitions the coordinator gave it (the lead topic), and nothing else.
+        numbers = {p for _, p in lead}
+        assert lead and {t for t, _ in lead} == {topology_of(s).frontier}
         assert parts == {(t, p) for t in topology_of(s).inputs("fetch") for p in numbers}
     assert counts.final == counts.urls == len(urls), counts

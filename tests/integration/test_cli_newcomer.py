@@ -95,7 +95,7 @@ def test_a_piped_crawl_that_times_out_prints_plain_lines_and_removes_its_topics(
     out = proc.stdout.splitlines()
     assert any("crawl summary" in ln for ln in out)
     assert any(ln.strip().startswith("drained") or "no (timed out)" in ln for ln in out)
-    prefix = re.search(r"\b(c\d+\.)", proc.stdout)
+    prefix = re.search(r"\b(c\d+-[0-9a-f]{6}\.)", proc.stdout)
     assert prefix, proc.stdout
     topics = AdminClient(settings.kafka_common()).list_topics(timeout=10).topics
     assert not [t for t in topics if t.startswith(prefix.group(1))]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from crawlfleet import doctor
 from crawlfleet.config import Settings
 from crawlfleet.doctor import FAIL, NA, OK, WARN, Durations, checks
+from infra.kafka_io import producer_conf
 
 FAST = Durations(count=100, p50=0.01, p95=0.05, p99=0.1, max=0.2, window_s=3600)
 SLOW = Durations(count=100, p50=4.0, p95=12.0, p99=18.0, max=20.0, window_s=3600)
@@ -51,11 +52,25 @@ def test_seen_ttl_margin_uses_the_configs_horizon() -> None:
     assert doctor.seen_ttl_check(tight).verdict == WARN
 
 
+TXN = "session/3 <= transaction timeout <= session_timeout_ms"
+
+
 def test_transaction_timeout_longer_than_the_session_warns() -> None:
-    assert verdicts(Settings(session_timeout_ms=10_000), FAST)[
-        "transaction timeout <= session_timeout_ms"] == WARN
-    assert verdicts(Settings(), FAST, txn_ms=30_000)[
-        "transaction timeout <= session_timeout_ms"] == OK
+    assert verdicts(Settings(), FAST, txn_ms=31_000)[TXN] == WARN
+    assert verdicts(Settings(), FAST, txn_ms=30_000)[TXN] == OK
+
+
+def test_transaction_timeout_far_below_the_session_warns() -> None:
+    """A broker pause past it aborts every batch: the former 15 s against a 60 s session."""
+    assert verdicts(Settings(session_timeout_ms=60_000), FAST, txn_ms=15_000)[TXN] == WARN
+    assert verdicts(Settings(session_timeout_ms=60_000), FAST, txn_ms=20_000)[TXN] == OK
+
+
+def test_the_default_transaction_timeout_passes_its_own_check() -> None:
+    for session in (10_000, 30_000, 90_000):
+        s = Settings(session_timeout_ms=session)
+        txn = int(producer_conf(s, "t", "t")["transaction.timeout.ms"])
+        assert verdicts(s, FAST, txn_ms=txn)[TXN] == OK
 
 
 def test_commit_interval_against_the_session() -> None:

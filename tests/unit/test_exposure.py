@@ -85,6 +85,17 @@ def test_parse_kills_add_nothing_and_store_kills_bound_the_store() -> None:
     b = e.bound(_no_requests)
     assert b.requests == 0 and b.store_rows == 25
     assert b.drops_by_cause == {"worker_kill": 1, "store_restart": 1}
+    assert not b.gauge_missing and not b.store_gauge_missing
+
+
+def test_a_store_without_the_gauge_leaves_the_request_bound_alone() -> None:
+    e = Exposure(window_s=40.0)
+    e.on_kill(_status("fetch-0", inflight=1, uncommitted=3), "fetch-0", "fetch",
+              "worker_kill", 100.0)
+    e.on_kill(_status("store-0", uncommitted=None), "store-0", "store", "worker_kill", 101.0)
+    b = e.bound(_no_requests)
+    assert not b.gauge_missing and b.store_gauge_missing
+    assert b.used == b.requests == 4  # judged by the gauge, not the legacy estimate
 
 
 def test_without_the_gauge_the_legacy_estimate_is_the_bound() -> None:

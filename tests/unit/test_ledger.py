@@ -136,3 +136,80 @@ def test_a_skipped_repeat_from_disk_does_not_release_the_holder() -> None:
     led.finish(repeat, [], None)  # skipped: its entry goes, the holder stays
     third = Pending(TP, 9, epoch, _job(), "default|http://a/")
     assert led.is_duplicate(third, NONE_SEEN)
+
+
+def test_a_worker_restarted_with_only_parked_work_commits_its_results() -> None:
+    """After a restart the partition's committed offset is all a worker knows of it (no
+    frontier record consumed yet): its parked jobs' results commit with that offset."""
+    led = Ledger()
+    led.assign([TP], {TP: 40})
+    pj = Pending(TP, -1, led.epochs[TP], _job(), "default|http://a/", park_key=b"a\x00\x01k")
+    assert led.finish(pj, [_out(1)], ("DONE", 0), [(0, b"a\x00\x01k", None)])
+    assert led.uncommitted == 1
+    batch = led.take_commit({})
+    assert batch is not None
+    assert [o.key for o in batch.outputs] == [b"k1"]
+    assert batch.offsets == {TP: 40}
+    assert batch.changes == [(0, b"a\x00\x01k", None)]
+    assert batch.seen == {(0, pj.key): ("DONE", 0)}
+    assert led.uncommitted == 1  # being committed
+    led.committed(batch)
+    assert led.uncommitted == 0
+
+
+def test_results_without_an_offset_to_send_wait_instead_of_vanishing() -> None:
+    """A partition that has never been committed and has consumed nothing has no offset
+    to fence a transaction with: its results stay pending, never dropped."""
+    led = Ledger()
+    led.assign([TP])
+    pj = Pending(TP, -1, led.epochs[TP], _job(), "default|http://a/", park_key=b"a\x00\x01k")
+    assert led.finish(pj, [_out(1)], ("DONE", 0))
+    assert led.take_commit({}) is None
+    assert led.completed == 1 and led.uncommitted == 1
+    assert led.is_duplicate(Pending(TP, 3, pj.epoch, pj.job, pj.key), NONE_SEEN)
+    batch = led.take_commit({TP: 12})  # the consumer now has a position
+    assert batch is not None and batch.offsets == {TP: 12}
+    assert [o.key for o in batch.outputs] == [b"k1"]
+
+
+def test_nothing_is_committed_after_a_failed_commit() -> None:
+    """The revoke callback and a clean stop commit again after an abort: they must not
+    carry offsets past the aborted batch (its parked jobs and results would be lost)."""
+    led = Ledger()
+    led.assign([TP], {TP: 0})
+    a = _admit(led, 0, "http://a/1")
+    led.finish(a, [_out(0)], ("DONE", 0))
+    batch = led.take_commit({TP: 1})
+    assert batch is not None and batch.offsets == {TP: 1}
+    led.aborted("injected")
+    b = _admit(led, 1, "http://a/2")
+    led.finish(b, [_out(1)], ("DONE", 0))
+    assert led.take_commit({TP: 2}) is None
+    assert led.take_commit({}) is None
+
+
+def test_lost_partitions_poison_the_ledger() -> None:
+    led = Ledger()
+    led.assign([TP], {TP: 5})
+    led.poison("partitions lost")
+    assert led.take_commit({TP: 9}) is None
+
+
+def test_a_revoked_partitions_results_leave_with_it() -> None:
+    """Finished but uncommitted work of a revoked partition is the next owner's to redo:
+    it must not ride along in a later transaction of another partition."""
+    other = ("crawl.frontier", 1)
+    led = Ledger()
+    led.assign([TP, other], {TP: 0, other: 0})
+    mine = _admit(led, 0, "http://a/1")
+    led.finish(mine, [_out(0)], ("DONE", 0))
+    led.forget([TP])  # lost between finish and commit (no callback commit got it out)
+    theirs = Pending(other, -1, led.epochs[other], _job("http://b/"), "default|http://b/",
+                     park_key=b"b\x00\x01k")
+    led.finish(theirs, [_out(1)], ("DONE", 0))
+    batch = led.take_commit({})
+    assert batch is not None
+    assert [o.key for o in batch.outputs] == [b"k1"]
+    assert set(batch.seen) == {(1, "default|http://b/")}
+    assert not led.is_duplicate(Pending(TP, 0, led.epochs.get(TP, 0), mine.job, mine.key),
+                                NONE_SEEN)

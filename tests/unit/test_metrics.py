@@ -60,7 +60,7 @@ def test_served_metrics(tmp_path: Path) -> None:
         status.add("aborted_txns")
         status.add("assigned_partitions", 4)
         status.add("consumed", 7)
-        status.gauges.update(inflight=2, queued=5)
+        status.gauges.update(inflight=2, queued=5, uncommitted=4)
         status.gauge_fns["deferred_targets"] = lambda: 1
         status.write(force=True)
         m = _scrape(port)
@@ -84,6 +84,7 @@ def test_served_metrics(tmp_path: Path) -> None:
     assert value("crawlfleet_worker_events_total", event="consumed") == 7
     assert value("crawlfleet_inflight_requests", **base) == 2
     assert value("crawlfleet_queued_jobs") == 5
+    assert value("crawlfleet_uncommitted_results", **base) == 4  # the over-apply exposure
     assert value("crawlfleet_deferred_targets") == 1
     info = m["crawlfleet_build_info"][0][0]
     assert info["code_revision"] == "abc123" and info["fetcher_version"].startswith("crawlfleet")

@@ -132,3 +132,19 @@ def test_a_replayed_park_of_a_stored_key_is_counted_once(queues: ParkedQueues) -
                       (part, key, None)])
     assert queues.available("a", 0) == 2 and queues.total() == 2
     assert queues.backlog_changes() == {part: 2}
+
+
+def test_waiting_targets_are_those_with_committed_entries_not_in_memory(
+        queues: ParkedQueues) -> None:
+    """What the fetch stage's refill sweep walks: a target whose parked work is all taken,
+    or only pending, has nothing a refill could take."""
+    _park(queues, "a", range(3))
+    _park(queues, "b", range(2), tier=1)
+    queues.park(partition_for("c", PARTS), park_key("c", 0, 1), _job("c", 1))  # pending
+    assert queues.waiting_targets() == {"a", "b"}
+    taken = queues.take(partition_for("b", PARTS), "b", 1, 10)
+    assert len(taken) == 2
+    assert queues.waiting_targets() == {"a"}
+    for key, _ in taken:
+        queues.untake(key)  # back to disk (a shed): a refill can take it again
+    assert queues.waiting_targets() == {"a", "b"}

@@ -1,0 +1,132 @@
+"""The fetch session's Kafka paths against a consumer that behaves as librdkafka does, where
+no broker is needed to reach the case: a revoke served *inside* ``consume()``, right after
+``poll()`` returned a record the session has not admitted yet.
+
+librdkafka serves rebalance callbacks from within poll()/consume(); consume_ready calls poll()
+for the first record and consume() for the rest, so a revoke can run between a record being
+returned (its position moved past it) and the session admitting it. A commit in that
+callback from ``position()`` would move the group's offset past a record nobody processed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from consumers.fetch import FetchStage, _Session
+from crawlfleet.config import Settings
+from infra.kafka_io import Output
+from producers.control import ControlState
+
+
+class _Msg:
+    def __init__(self, topic: str, partition: int, offset: int) -> None:
+        self._tp = (topic, partition, offset)
+
+    def topic(self) -> str:
+        return self._tp[0]
+
+    def partition(self) -> int:
+        return self._tp[1]
+
+    def offset(self) -> int:
+        return self._tp[2]
+
+    def error(self) -> None:
+        return None
+
+
+class LibrdkafkaLikeConsumer:
+    """Positions move when records are returned; a pending revoke is served inside
+    ``consume()``, calling the registered callback before it returns."""
+
+    def __init__(self, topic: str, partition: int, next_offset: int) -> None:
+        self.topic, self.partition = topic, partition
+        self.next_offset = next_offset
+        self.assigned = {(topic, partition)}
+        self.on_revoke: Any = None
+        self.revoke_pending = False
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(t, p) for t, p in sorted(self.assigned)]
+
+    def position(self, tps: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, self.next_offset
+                               if (tp.topic, tp.partition) in self.assigned else -1001)
+                for tp in tps]
+
+    def pause(self, tps: list[TopicPartition]) -> None:
+        return None
+
+    def resume(self, tps: list[TopicPartition]) -> None:
+        return None
+
+    def poll(self, timeout: float) -> _Msg:
+        msg = _Msg(self.topic, self.partition, self.next_offset)
+        self.next_offset += 1
+        self.revoke_pending = True  # the group rebalances now
+        return msg
+
+    def consume(self, n: int, timeout: float) -> list[_Msg]:
+        if self.revoke_pending:
+            self.revoke_pending = False
+            revoked = [TopicPartition(self.topic, self.partition)]
+            self.on_revoke(self, revoked)
+            self.assigned.clear()
+        return []
+
+    def consumer_group_metadata(self) -> object:
+        return object()
+
+
+class RecordingCommitter:
+    def __init__(self) -> None:
+        self.offsets: list[dict[tuple[str, int], int]] = []
+
+    def commit(self, consumer: Any, outputs: list[Output], offsets: list[TopicPartition],
+               track: frozenset[str] = frozenset()) -> dict[tuple[str, int], int]:
+        self.offsets.append({(tp.topic, tp.partition): tp.offset for tp in offsets})
+        return {}
+
+
+class _Control:
+    def __init__(self) -> None:
+        self.state = ControlState()
+
+    def poll(self, timeout: float) -> bool:
+        return False
+
+
+def test_a_revoke_inside_consume_commits_no_offset_past_an_unadmitted_record(
+        tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, bootstrap_servers="127.0.0.1:1")
+    stage = FetchStage(settings, worker_id="fetch-test")
+
+    async def scenario() -> tuple[RecordingCommitter, list[Any]]:
+        session = _Session(stage)
+        topic = session.topo.frontier
+        consumer = LibrdkafkaLikeConsumer(topic, 0, next_offset=10)
+        consumer.on_revoke = session._on_revoke
+        committer = RecordingCommitter()
+        session.consumer = consumer  # type: ignore[assignment]
+        session.committer = committer  # type: ignore[assignment]
+        session.control = _Control()  # type: ignore[assignment]
+        # The partition is ours from its committed offset 10: nothing consumed yet.
+        session.ledger.assign([(topic, 0)], {(topic, 0): 10})
+        msgs = session._poll(0.0)  # poll() returns offset 10, the revoke runs in consume()
+        session._admit(msgs)  # too late: the partition is gone, the record is dropped
+        await asyncio.sleep(0)
+        session.seen.close()
+        session.parked.store.close()
+        session.kx.shutdown(wait=False)
+        return committer, msgs
+
+    committer, msgs = asyncio.run(scenario())
+    assert [m.offset() for m in msgs] == [10]
+    topic = stage.topology.frontier
+    # The record at 10 was never processed: the next owner must read it.
+    for offsets in committer.offsets:
+        assert offsets.get((topic, 0), 10) <= 10, offsets
