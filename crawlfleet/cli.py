@@ -441,6 +441,8 @@ def sql_cmd(query: Annotated[str | None, typer.Argument(
     """Query the crawl store (while a crawl runs, through its store process)."""
     import json as _json
 
+    from rich.markup import escape
+
     from crawlfleet.errors import QueryError
     from infra.clickhouse import run_query
     from infra.views import expand, load_views, parse_duration
@@ -462,7 +464,8 @@ def sql_cmd(query: Annotated[str | None, typer.Argument(
     assert query is not None
     try:
         s = _settings(config, clickhouse=clickhouse, data_dir=data_dir)
-        cols, rows = run_query(s, query)
+        cols, rows = run_query(s, query, on_wait=lambda text: err_console.print(
+            f"[yellow]{escape(text)}[/yellow]"))
     except QueryError as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         try:

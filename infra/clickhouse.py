@@ -112,8 +112,10 @@ class StoreHeldError(RetryableError):
 def _command() -> str:
     """This process's command line, short enough for a log line."""
     args = [Path(sys.argv[0]).name, *sys.argv[1:]] if sys.argv and sys.argv[0] else ["python"]
-    if args[0] in ("cli.py", "__main__.py", "-c"):
+    if args[0] in ("cli.py", "__main__.py"):
         args[0] = "crawlfleet"
+    elif args[0] == "-c":
+        args[0] = "python -c"
     text = " ".join(args)
     return text if len(text) <= 120 else text[:117] + "..."
 
