@@ -45,6 +45,24 @@ GAUGES: dict[str, tuple[str, str]] = {
     "timers": ("crawlfleet_retry_timers", "Retries waiting in the timer store."),
     "held_partitions": ("crawlfleet_held_partitions", "Input partitions held back."),
     "members": ("crawlfleet_fetch_group_members", "Live members of the fetch group."),
+    "store_waiting": ("crawlfleet_store_waiting",
+                      "1 while the store worker waits for its store (held by a reader or a "
+                      "dying predecessor, or its server not up); it starts once it can."),
+    "store_waiting_s": ("crawlfleet_store_waiting_seconds",
+                        "Seconds the store worker has waited for its store so far."),
+    "kafka_waiting": ("crawlfleet_kafka_waiting",
+                      "1 while the worker waits for its Kafka brokers to answer."),
+    "kafka_waiting_s": ("crawlfleet_kafka_waiting_seconds",
+                        "Seconds the worker has waited for Kafka so far."),
+    "live_parked": ("crawlfleet_parked_live_entries",
+                    "Live entries of crawl.parked as the broker holds them (store worker's "
+                    "sampler, every sample_interval_s)."),
+    "live_timers": ("crawlfleet_timers_live_entries",
+                    "Live entries of crawl.timers as the broker holds them (store worker's "
+                    "sampler, every sample_interval_s)."),
+    "unsettled_partitions": ("crawlfleet_changelog_unsettled_partitions",
+                             "Partitions of crawl.parked and crawl.timers with an open "
+                             "transaction when last read (their live entries may change)."),
 }
 
 #: Status counters under their own metric families: name -> (family, help, label, value).

@@ -27,11 +27,13 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
+from confluent_kafka.admin import AdminClient
 
 from consumers import faults
 from consumers.metrics import GaugeFn, WorkerMetrics
 from crawlfleet.config import Settings
 from crawlfleet.errors import CrawlfleetError, KafkaStageError
+from infra import kafka_local
 from infra.kafka_io import Output, producer_conf
 
 log = logging.getLogger("crawlfleet.runtime")
@@ -198,9 +200,79 @@ class StopFlag:
     def set(self) -> None:
         self._event.set()
 
+    def wait(self, timeout_s: float) -> bool:
+        """Sleep up to ``timeout_s``, cut short by a stop request (then True)."""
+        return self._event.wait(timeout_s)
+
     @property
     def requested(self) -> bool:
         return self._event.is_set()
+
+
+#: Back-off of a worker waiting for something a moment cures (its broker, its store).
+WAIT_FIRST_S, WAIT_MAX_S = 0.2, 5.0
+#: A worker that keeps waiting says so again this often (the first time at once).
+WAIT_LOG_EVERY_S = 30.0
+
+
+def kafka_target(settings: Settings) -> tuple[Settings | None, str]:
+    """(settings with the bootstrap servers to use, or None if there are none yet; where
+    that is, for a person): the configured cluster, else the local one if it runs."""
+    if settings.bootstrap_servers:
+        return settings, settings.bootstrap_servers
+    st = kafka_local.status()
+    if st.running:
+        return settings.replace(bootstrap_servers=st.bootstrap_servers), st.bootstrap_servers
+    if st.bootstrap_servers:
+        return None, f"{st.bootstrap_servers} (the local broker: `crawlfleet kafka up`)"
+    return None, ("no Kafka configured (--bootstrap, CRAWLFLEET_BOOTSTRAP_SERVERS) and no "
+                  "local broker (`crawlfleet kafka up`)")
+
+
+def kafka_answers(settings: Settings, timeout_s: float = 2.0) -> str | None:
+    """None if a broker of ``settings`` answers a metadata request, else why not."""
+    # Quiet: while the broker is down librdkafka would log every failed connect (several
+    # a second); the waiting worker says so itself, once in a while.
+    admin = AdminClient({**settings.kafka_common(), "log_level": 0})
+    try:
+        admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        err: KafkaError = exc.args[0]
+        return err.str()
+    return None
+
+
+def wait_for_kafka(settings: Settings, stop: StopFlag, status: StatusFile | None = None,
+                   what: str = "worker") -> Settings | None:
+    """Block until the crawl's Kafka answers; the settings to use, or None if stopped.
+
+    A broker that is not up yet (restarting, started after the workers) is a condition a
+    moment cures: the worker retries with back-off and says "waiting for Kafka at X" (log,
+    and the ``kafka_waiting`` gauge and ``waiting`` text of its status), never exits.
+    """
+    began = time.monotonic()
+    said_at: float | None = None
+    delay = WAIT_FIRST_S
+    while not stop.requested:
+        target, where = kafka_target(settings)
+        reason = kafka_answers(target) if target is not None else "not running"
+        if reason is None and target is not None:
+            if said_at is not None:
+                log.info("%s: Kafka at %s answers after %.1f s of waiting", what, where,
+                         time.monotonic() - began)
+            if status is not None:
+                status.waiting_for("", "kafka_waiting")
+            return target
+        now = time.monotonic()
+        if said_at is None or now - said_at >= WAIT_LOG_EVERY_S:
+            said_at = now
+            log.warning("%s: waiting for Kafka at %s (%.0f s so far): %s", what, where,
+                        now - began, reason)
+        if status is not None:
+            status.waiting_for(f"Kafka at {where}: {reason}", "kafka_waiting", now - began)
+        stop.wait(delay)
+        delay = min(WAIT_MAX_S, delay * 2)
+    return None
 
 
 #: Status gauges that mean a worker still holds work: a pipeline is drained only when every
@@ -235,8 +307,19 @@ class StatusFile:
         #: worker really reads, not what the group's lead-topic assignment implies.
         self.assignment: list[tuple[str, int]] = []
         self.metrics = WorkerMetrics(stage, worker)
+        #: What the worker waits for before it can work ("" = nothing): its broker, its
+        #: store. Shown by ``crawl``, ``top`` and ``doctor``.
+        self.waiting = ""
         self._last_write = 0.0
         self._last_activity = time.monotonic()
+
+    def waiting_for(self, what: str, gauge: str, waited_s: float = 0.0) -> None:
+        """Say what the worker waits for (``what`` "" = no longer), in ``gauge`` (1/0) and
+        ``<gauge>_s`` (seconds so far), and write the file now."""
+        self.waiting = what
+        self.gauges[gauge] = 1 if what else 0
+        self.gauges[f"{gauge}_s"] = int(waited_s) if what else 0
+        self.write(force=True)
 
     def add(self, name: str, n: int = 1) -> None:
         if n:
@@ -251,9 +334,9 @@ class StatusFile:
         for name, fn in self.gauge_fns.items():
             self.gauges[name] = fn()
         data = {"stage": self.stage, "worker": self.worker, "pid": os.getpid(),
-                "counters": self.counters, "gauges": self.gauges,
+                "host": _HOST, "counters": self.counters, "gauges": self.gauges,
                 "idle_s": round(now - self._last_activity, 3), "wall": time.time(),
-                "metrics_port": self.metrics.port,
+                "metrics_port": self.metrics.port, "waiting": self.waiting,
                 "assignment": [list(tp) for tp in self.assignment]}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
@@ -262,6 +345,30 @@ class StatusFile:
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
         self.metrics.close()
+
+
+_HOST = socket.gethostname()
+
+
+def status_alive(status: dict[str, Any]) -> bool | None:
+    """Whether the process that wrote ``status`` still runs: None when it cannot be told
+    from here (written on another host)."""
+    if status.get("host", _HOST) != _HOST:
+        return None
+    pid = status.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive
+    try:  # a killed child its parent has not reaped yet is a zombie: dead all the same
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def read_statuses(status_dir: Path) -> list[dict[str, Any]]:

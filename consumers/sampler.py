@@ -9,6 +9,13 @@ committed offset of each lagging partition). "Queue depth over time" is then a q
 
 Rows are keyed by the sample's time bucket, so two store workers sampling the same interval
 (a ClickHouse server with several) collapse to one row per bucket.
+
+Work that no lag shows is sampled too: the live entries of ``crawl.parked`` (as the fetch
+stage's) and ``crawl.timers`` (as the retry stage's), read from the broker -- not from any
+worker's gauges -- so a parked job whose owner died or dropped it still counts as queued.
+Each read is a full read of a compacted topic; it is done once per sample. The counts are
+also the store worker's status gauges (``live_parked``, ``live_timers``,
+``unsettled_partitions``), which its Prometheus endpoint exports.
 """
 
 from __future__ import annotations
@@ -21,13 +28,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from clickhouse_connect.driver.exceptions import ClickHouseError
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from consumers.runtime import StatusFile
 from crawlfleet.config import Settings
+from crawlfleet.errors import CrawlfleetError
 from infra.clickhouse import Store
 from infra.kafka_io import topology_of
 from infra.lag import LagProbe
+from infra.live_state import live_entries
 from schemas.topics import STAGES
+
+#: The store worker's gauges of work the broker holds (see :meth:`QueueSampler.held_work`).
+HELD_GAUGES = ("live_parked", "live_timers", "unsettled_partitions")
 
 log = logging.getLogger("crawlfleet.sampler")
 
@@ -61,10 +75,15 @@ def rates(previous: dict[tuple[str, str], tuple[float, int]],
 class QueueSampler:
     """Samples queue depth on a thread of its own and writes it through ``store``."""
 
-    def __init__(self, settings: Settings, store: Store, worker: str) -> None:
+    def __init__(self, settings: Settings, store: Store, worker: str,
+                 status: StatusFile | None = None) -> None:
         self.s = settings
         self.store = store
         self.worker = worker
+        self.status = status
+        if status is not None:  # keys made now: the status is written from another thread
+            for name in HELD_GAUGES:
+                status.gauges.setdefault(name, 0)
         self.topo = topology_of(settings)
         self.interval = settings.sample_interval_s
         self._probe = LagProbe(settings)
@@ -88,9 +107,9 @@ class QueueSampler:
     def _run(self) -> None:
         while not self._stop.wait(self._delay()):
             try:
-                self.write(self.sample(), time.time())
-            except Exception:  # a sample is lost, the store stage goes on
-                log.exception("queue sample failed")
+                self.write(self.sample() + self.held_work(), time.time())
+            except (CrawlfleetError, KafkaException, ClickHouseError, OSError) as exc:
+                log.warning("queue sample lost (the store stage goes on): %s", exc)
 
     def _delay(self) -> float:
         """Until the next bucket boundary, so samples line up across workers."""
@@ -111,6 +130,24 @@ class QueueSampler:
                                   lag=sum(max(0, h - s) for s, h in mine.values()),
                                   consumed=sum(s for s, _ in mine.values()),
                                   behind=len(behind), oldest_ms=self._oldest(behind)))
+        return out
+
+    def held_work(self) -> list[Sample]:
+        """Live entries of the parked and timer changelogs, as the broker holds them: the
+        fetch stage's parked jobs and the retry stage's timers, whatever any gauge says."""
+        out: list[Sample] = []
+        unsettled = 0
+        for stage, topic, gauge in (("fetch", self.topo.parked, "live_parked"),
+                                    ("retry", self.topo.timers, "live_timers")):
+            live = live_entries(self.s, topic, self.topo.partitions)
+            unsettled += len(live.unsettled)
+            busy = sum(1 for p, n in live.counts.items() if n or p in live.unsettled)
+            out.append(Sample(stage, topic, lag=live.total, consumed=0, behind=busy,
+                              oldest_ms=None))
+            if self.status is not None:
+                self.status.gauges[gauge] = live.total
+        if self.status is not None:
+            self.status.gauges["unsettled_partitions"] = unsettled
         return out
 
     def _oldest(self, behind: dict[tuple[str, int], int]) -> int | None:

@@ -10,6 +10,12 @@ values its table cannot hold) becomes a dead letter in crawl.dead, like every ot
 before the batch's offsets are committed; its row is written when the store reads it back,
 under the record's own ``topic:partition:offset``, so a replayed batch's second copy
 collapses.
+
+A store that is not available yet -- an embedded path held by a reader or by a dying
+predecessor, a ClickHouse server not up -- is waited for with back-off, never a reason to
+exit: the worker claims the path for its whole life first (so readers go through it from
+then on), says who holds the store (log, the ``store_waiting`` gauge, its status's
+``waiting`` text) and starts as soon as it can.
 """
 
 from __future__ import annotations
@@ -33,10 +39,16 @@ from confluent_kafka import (
 
 from consumers import faults
 from consumers.membership import Membership
-from consumers.runtime import StatusFile, StopFlag, worker_name
+from consumers.runtime import (
+    WAIT_FIRST_S,
+    WAIT_LOG_EVERY_S,
+    StatusFile,
+    StopFlag,
+    worker_name,
+)
 from consumers.sampler import QueueSampler
 from crawlfleet.config import Settings
-from crawlfleet.errors import DecodeError, KafkaStageError
+from crawlfleet.errors import DecodeError, InfraError, KafkaStageError
 from infra.clickhouse import (
     DEAD_COLUMNS,
     EVENT_COLUMNS,
@@ -44,6 +56,8 @@ from infra.clickhouse import (
     PAGE_COLUMNS,
     QueryServer,
     Store,
+    StoreHeldError,
+    StoreOwnership,
 )
 from infra.kafka_io import (
     Encoder,
@@ -60,6 +74,18 @@ from infra.kafka_io import (
 from schemas.codec import default_codec
 
 log = logging.getLogger("crawlfleet.store")
+
+
+def _hint(exc: Exception) -> str:
+    """What an operator can do about a held store."""
+    if not isinstance(exc, StoreHeldError) or exc.holder is None:
+        return ""
+    if exc.holder.role == "reader":
+        return ("; it goes on as soon as that reader finishes (readers open the store only "
+                "while no store worker runs)")
+    return ("; a killed predecessor lets go as it exits; if that store worker is alive, "
+            "only one store worker may own an embedded store: give this one another "
+            "--data-dir, or use a ClickHouse server (--clickhouse)")
 
 
 def _ts(ms: int) -> datetime:
@@ -124,6 +150,10 @@ def fits(table: str, row: tuple[Any, ...]) -> tuple[Any, ...]:
 #: of the undecodable record: that is the row's event_id, as if the store had stored it.
 _OWN_DEAD_KEY = b"undecodable@"
 
+#: A held store is tried again at most this long apart: a lock test costs nothing, and the
+#: worker should start the moment the holder lets go.
+STORE_POLL_MAX_S = 0.5
+
 # No new record for this long: write the batch now. Under load records arrive in bursts, one
 # per upstream transaction every ~0.1-0.3 s; a shorter gap would insert each burst on its own,
 # and every chDB insert costs ~12 ms plus the merges of its part (measured: 50 ms -> 150 ms cut
@@ -142,19 +172,66 @@ class StoreStage:
         self.stop = stop if stop is not None else StopFlag()
         self.codec = default_codec()
         self.status = StatusFile(settings.status_dir, self.stage, self.worker)
-        self.store = Store(settings)
-        self.store.ensure_schema()
-        self.store.warm_up()
+        self.store: Store  # opened by run(), once it is available
+        self._ownership = StoreOwnership(settings) if not settings.clickhouse_dsn.get() \
+            else None
         self._committed: dict[tuple[str, int], int] = {}
         self._revoked: set[tuple[str, int]] = set()
         self._encoder = Encoder(self.topology, self.worker, self.codec)
         self._producer: Producer | None = None  # made for the first undecodable record
 
     def run(self) -> None:
+        try:
+            store = self._open()
+            if store is not None:
+                self.store = store
+                self._serve()
+        finally:
+            if self._ownership is not None:
+                self._ownership.release()
+            self.status.remove()
+
+    def _open(self) -> Store | None:
+        """The store, once it can be had (None if stopped first): claimed for this worker's
+        life, then opened, retried with back-off while anyone else holds it."""
+        began = time.monotonic()
+        said_at: float | None = None
+        delay = WAIT_FIRST_S
+        while not self.stop.requested:
+            try:
+                if self._ownership is not None and not self._ownership.claim():
+                    holder = self._ownership.holder()
+                    who = holder.describe() if holder is not None else "another store worker"
+                    raise StoreHeldError(f"the store at {self.s.clickhouse_path} is owned by "
+                                         f"{who}", holder, True)
+                store = Store(self.s, owner=True)
+                try:
+                    store.ensure_schema()
+                    store.warm_up()
+                except Exception:
+                    store.close()
+                    raise
+                if said_at is not None:
+                    log.info("store %s: got the store after %.1f s of waiting", self.worker,
+                             time.monotonic() - began)
+                self.status.waiting_for("", "store_waiting")
+                return store
+            except (StoreHeldError, InfraError) as exc:
+                now = time.monotonic()
+                if said_at is None or now - said_at >= WAIT_LOG_EVERY_S:
+                    said_at = now
+                    log.warning("store %s: waiting for the store (%.0f s so far): %s%s",
+                                self.worker, now - began, exc, _hint(exc))
+                self.status.waiting_for(f"store: {exc}", "store_waiting", now - began)
+            self.stop.wait(delay)
+            delay = min(STORE_POLL_MAX_S, delay * 2)
+        return None
+
+    def _serve(self) -> None:
         server = QueryServer(self.store, self.s.clickhouse_path) if self.store.embedded else None
         if server:
             server.start()
-        sampler = QueueSampler(self.s, self.store, self.worker)
+        sampler = QueueSampler(self.s, self.store, self.worker, self.status)
         sampler.start()
         group = self.topology.group("store")
         consumer = Consumer(consumer_conf(self.s, group, self.worker))
@@ -179,7 +256,6 @@ class StoreStage:
             if server:
                 server.stop()
             self.store.close()
-            self.status.remove()
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for p in partitions:

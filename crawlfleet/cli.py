@@ -182,23 +182,62 @@ def worker_cmd(stage: Annotated[str, typer.Argument(help="fetch | parse | store 
                    help="Serve Prometheus metrics on this port (0: any free one, logged and "
                    "in the status file); off by default [env CRAWLFLEET_METRICS_PORT].")
                ] = None) -> None:
-    """Run one stage worker until SIGTERM (then leave the group cleanly)."""
-    from consumers.runtime import StopFlag
+    """Run one stage worker until SIGTERM (then leave the group cleanly).
+
+    A broker that does not answer yet, or a store held by someone else, is waited for
+    (with back-off, saying so in the log and the worker's status), never a reason to exit.
+    """
+    from consumers.runtime import StopFlag, worker_name
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if stage not in STAGE_NAMES:
+        err_console.print(f"[red]error:[/red] unknown stage {stage!r}: "
+                          + ", ".join(STAGE_NAMES))
+        raise typer.Exit(2)
     try:
-        s = _on_cluster(_settings(config, bootstrap=bootstrap, clickhouse=clickhouse,
-                                  data_dir=data_dir, topic_prefix=topic_prefix,
-                                  allow_private=allow_private, allow_hosts=allow_hosts,
-                                  rate_cap=rate_cap, metrics_port=metrics_port))
+        s = _settings(config, bootstrap=bootstrap, clickhouse=clickhouse,
+                      data_dir=data_dir, topic_prefix=topic_prefix,
+                      allow_private=allow_private, allow_hosts=allow_hosts,
+                      rate_cap=rate_cap, metrics_port=metrics_port)
         stop = StopFlag().install()
-        runner = _stage(stage, s, worker_id, stop)
-        if s.metrics_port >= 0:
-            runner.status.metrics.serve(s, runner.status)
+        name = worker_name(stage, worker_id, s.data_dir / "workers")
+        reached = _reach_cluster(s, stop, stage, name)
+        if reached is None:
+            return  # stopped while waiting for Kafka
+        runner = _stage(stage, reached, name, stop)
+        if reached.metrics_port >= 0:
+            runner.status.metrics.serve(reached, runner.status)
             runner.status.write(force=True)  # the port, for whoever looks for it
         _tune_gc()
         runner.run()
     except CrawlfleetError as exc:
         _fail(exc)
+
+
+STAGE_NAMES = ("fetch", "parse", "store", "retry")
+
+
+def _reach_cluster(s: Settings, stop: Any, stage: str, name: str) -> Settings | None:
+    """``s`` on its cluster (as :func:`_on_cluster`) once a broker answers; None if the
+    worker was stopped while waiting. The wait shows in the worker's status file (and its
+    metrics, when served) under the worker's own name."""
+    from consumers.runtime import StatusFile, wait_for_kafka
+    from crawlfleet.errors import InfraError
+    waiting = StatusFile(s.status_dir, stage, name)
+    if s.metrics_port >= 0:
+        waiting.metrics.serve(s, waiting)
+    try:
+        while True:
+            found = wait_for_kafka(s, stop, waiting, f"{stage} {name}")
+            if found is None:
+                waiting.remove()
+                return None
+            try:
+                return _on_cluster(found)
+            except InfraError as exc:  # the broker went away again in between
+                logging.getLogger("crawlfleet.worker").warning("%s %s: %s", stage, name, exc)
+                stop.wait(1.0)
+    finally:
+        waiting.metrics.close()  # the stage serves its own from here
 
 
 def _tune_gc() -> None:
@@ -464,6 +503,8 @@ def sql_cmd(query: Annotated[str | None, typer.Argument(
     """Query the crawl store (while a crawl runs, through its store process)."""
     import json as _json
 
+    from rich.markup import escape
+
     from crawlfleet.errors import QueryError
     from infra.clickhouse import run_query
     from infra.views import expand, load_views, parse_duration
@@ -485,7 +526,8 @@ def sql_cmd(query: Annotated[str | None, typer.Argument(
     assert query is not None
     try:
         s = _settings(config, clickhouse=clickhouse, data_dir=data_dir)
-        cols, rows = run_query(s, query)
+        cols, rows = run_query(s, query, on_wait=lambda text: err_console.print(
+            f"[yellow]{escape(text)}[/yellow]"))
     except QueryError as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         try:

@@ -30,6 +30,7 @@ from rich.table import Table
 from consumers.runtime import holds_work, read_statuses
 from crawlfleet.config import Secret, Settings
 from crawlfleet.errors import InfraError
+from crawlfleet.health import HeldWork, StallWatch, read_held_work, stalls
 from infra import kafka_local
 from infra.clickhouse import run_query
 from infra.kafka_io import topology_of
@@ -354,13 +355,25 @@ PLAIN_PROGRESS_S = 5.0
 
 def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float | None,
            started: float) -> bool:
+    """Show progress until drained (True) or ``timeout_s`` (False).
+
+    Drained is decided by the broker, not the gauges alone: once every worker has been calm
+    for a second, the parked and timer changelogs are read (then again every
+    ``HELD_RECHECK_S`` while calm), and only both empty and settled count as drained.
+    A stage with lag and no serving worker is shown as stalled, with why.
+    """
     topo = topology_of(settings)
     probe = LagProbe(settings)
     calm_since: float | None = None
+    stall_watch = StallWatch()
+    held: HeldWork | None = None
+    held_note = ""
+    held_at = -HELD_RECHECK_S
     # A terminal gets a live table; a pipe or a file gets a plain line every few seconds.
     live = Live(console=console, refresh_per_second=4, transient=False) \
         if console.is_terminal else contextlib.nullcontext()
     last_line = 0.0
+    shown: list[str] = []
     try:
         with live:
             while True:
@@ -369,32 +382,54 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
                 statuses = read_statuses(settings.status_dir)
                 lags = probe.stage_lags(topo)
                 now = time.monotonic()
-                if isinstance(live, Live):
-                    live.update(_progress_table(statuses, lags, now - started))
-                elif now - last_line >= PLAIN_PROGRESS_S:
-                    last_line = now
-                    console.print(_progress_line(statuses, lags, now - started))
-                if _calm(statuses, lags, fleet, topo.partitions):
-                    calm_since = calm_since or time.monotonic()
-                    if time.monotonic() - calm_since >= 1.0:
-                        return True
+                stalled = stall_watch.update(stalls(lags, statuses), now)
+                calm = _calm(statuses, lags, fleet, topo.partitions)
+                if calm:
+                    calm_since = calm_since or now
                 else:
-                    calm_since = None
+                    calm_since, held = None, None
+                if calm_since is not None and now - calm_since >= 1.0 \
+                        and now - held_at >= HELD_RECHECK_S:
+                    held_at = now
+                    try:
+                        held, held_note = read_held_work(settings), ""
+                    except InfraError as exc:
+                        held, held_note = None, f"changelogs unreadable: {exc}"
+                notes = list(stalled.values())
+                if held is not None and not held.empty:
+                    notes.append(f"not drained, the broker holds: {held.describe()}")
+                elif held_note:
+                    notes.append(held_note)
+                if isinstance(live, Live):
+                    live.update(_progress_table(statuses, lags, now - started, notes))
+                elif now - last_line >= PLAIN_PROGRESS_S or (notes and notes != shown):
+                    last_line = now  # and at once when what holds the crawl changes
+                    console.print(_progress_line(statuses, lags, now - started, notes))
+                shown = notes
+                if held is not None and held.empty and calm_since is not None:
+                    return True
                 if timeout_s is not None and time.monotonic() - started > timeout_s:
                     return False
     finally:
         probe.close()
 
 
+#: While the gauges say calm but the broker holds work, the changelogs are read this often.
+HELD_RECHECK_S = 2.0
+
+
 def _calm(statuses: list[dict[str, Any]], lags: dict[str, int], fleet: Fleet,
           partitions: int) -> bool:
-    """Drained: every stage idle with nothing held, and no stage behind its input."""
+    """Every stage idle with nothing held by its gauges, and no stage behind its input.
+
+    Necessary, not sufficient: ``_watch`` also requires the parked and timer changelogs
+    empty and settled on the broker (:func:`crawlfleet.health.read_held_work`)."""
     expected = sum(fleet.plan.counts().values())
     if len(statuses) < expected:
         return False
     for s in statuses:
         g = s.get("gauges", {})
-        if s.get("idle_s", 0) < IDLE_S or holds_work(g):
+        if s.get("idle_s", 0) < IDLE_S or holds_work(g) or s.get("waiting"):
             return False
     return all(v == 0 for v in lags.values())
 
@@ -408,19 +443,22 @@ def _totals(statuses: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def _progress_line(statuses: list[dict[str, Any]], lags: dict[str, int],
-                   elapsed: float) -> str:
-    """The live table's figures as one plain line (output that is not a terminal)."""
+                   elapsed: float, notes: list[str] | None = None) -> str:
+    """The live table's figures as one plain line (output that is not a terminal), and
+    what holds the crawl (stalled stages, work the broker holds), if anything."""
     totals = _totals(statuses)
     return (f"{elapsed:5.0f}s  fetched {totals.get('fetch.fetched', 0)}  stored "
             f"{totals.get('store.stored_pages', 0)}  retries {totals.get('fetch.retries', 0)}  "
             f"dead {totals.get('fetch.dead', 0) + totals.get('parse.dead', 0)}  queues: "
-            + " ".join(f"{stage} {lag}" for stage, lag in lags.items()))
+            + " ".join(f"{stage} {lag}" for stage, lag in lags.items())
+            + "".join(f"  | {n}" for n in notes or ()))
 
 
 def _progress_table(statuses: list[dict[str, Any]], lags: dict[str, int],
-                    elapsed: float) -> Table:
+                    elapsed: float, notes: list[str] | None = None) -> Table:
     totals = _totals(statuses)
-    t = Table(title=f"crawlfleet — {elapsed:.0f}s", show_header=True)
+    t = Table(title=f"crawlfleet — {elapsed:.0f}s", show_header=True,
+              caption="\n".join(notes or ()) or None, caption_style="bold red")
     for col in ("fetched", "stored", "retries", "dead", "queue: frontier", "fetched→parse",
                 "parsed→store", "retry"):
         t.add_column(col, justify="right")

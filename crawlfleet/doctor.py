@@ -6,21 +6,32 @@ A ``FAIL`` is a setting that makes work be done twice (or not at all) whenever i
 condition arises; a ``warn`` one that wastes or caps the crawl; each names its fix.
 Only the fetch stage's per-request durations are recorded: parse, store and retry keep
 no per-record durations, so their leases are checked against the timeouts only.
+
+It also says what holds the fleet still right now, from the workers' status files and the
+store's locks: a worker waiting for its store (held by a reader or a dying predecessor) or
+for its broker, a worker killed with its status left behind, who owns the store.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from crawlfleet.config import Settings
 from crawlfleet.errors import CrawlfleetError
+from crawlfleet.health import DEAD, WAITING, worker_state
 
 OK, WARN, FAIL, NA = "ok", "warn", "FAIL", "n/a"
 #: A lease (session timeout, max poll interval) must be this many p95 durations long.
 LEASE_FACTOR = 3.0
 #: Below this, robots.txt is fetched again so often it is repeated work of its own.
 MIN_ROBOTS_TTL_S = 60.0
+#: A worker waiting longer than this for its store or broker is a FAIL (the fleet stands
+#: still), shorter a warning (a restart in progress).
+WAIT_FAIL_S = 30.0
+#: How long doctor waits for a starting store worker to serve its query.
+STORE_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -188,6 +199,64 @@ def other_checks(s: Settings) -> list[Check]:
     return out
 
 
+def worker_checks(statuses: list[dict[str, Any]]) -> list[Check]:
+    """Workers that cannot work: waiting for their store or broker, or killed (a clean exit
+    removes its status, a kill -9 leaves it behind)."""
+    out: list[Check] = []
+    for st in statuses:
+        w = worker_state(st)
+        gauges = st.get("gauges", {})
+        if w.state == DEAD:
+            out.append(Check(f"{w.stage} worker {w.worker} runs", f"not running ({w.detail})",
+                             WARN, f"start it again: crawlfleet worker {w.stage} "
+                             f"--worker-id {w.worker} (a supervisor should)"))
+        elif w.state == WAITING:
+            kafka = bool(gauges.get("kafka_waiting"))
+            waited = float(gauges.get("kafka_waiting_s" if kafka else "store_waiting_s", 0))
+            verdict = FAIL if waited >= WAIT_FAIL_S else WARN
+            if kafka:
+                fix = ("start the broker (`crawlfleet kafka up`, or the cluster's) or fix "
+                       "bootstrap_servers: the worker goes on as soon as Kafka answers")
+            else:
+                fix = ("it starts by itself once the holder lets go: a reader started before "
+                       "the store worker finishes its query (stop it if it hangs), a killed "
+                       "predecessor exits; two live store workers never share one embedded "
+                       "store -- give each its own --data-dir, or use a ClickHouse server")
+            out.append(Check(f"{w.stage} worker {w.worker} "
+                             + ("reaches Kafka" if kafka else "has its store"),
+                             f"waiting {waited:.0f} s: {w.detail}", verdict, fix))
+    if not statuses:
+        out.append(Check("workers", "no worker status here", NA,
+                         "doctor reads the status files of --data-dir and --topic-prefix"))
+    elif not out:
+        out.append(Check("workers", f"{len(statuses)} running, none waiting", OK))
+    return out
+
+
+def store_owner_check(s: Settings) -> Check:
+    """Who owns the embedded store: readers go through a running owner, never around it."""
+    from infra.clickhouse import PORT_FILE, StoreOwnership
+    name = "store owner"
+    if s.clickhouse_dsn.get():
+        return Check(name, "a ClickHouse server", NA)
+    if not s.clickhouse_path.exists():
+        return Check(name, f"no store at {s.clickhouse_path}", NA)
+    owner = StoreOwnership(s)
+    if not owner.lock.held():
+        return Check(name, "no store worker runs", OK if not (
+            s.clickhouse_path / PORT_FILE).exists() else WARN,
+            "" if not (s.clickhouse_path / PORT_FILE).exists() else
+            "a port file was left by a killed store worker: harmless (readers check the "
+            "owner lock), removed when the next one starts")
+    holder = owner.holder()
+    serving = (s.clickhouse_path / PORT_FILE).exists()
+    who = holder.describe() if holder is not None else "a store worker"
+    return Check(name, f"{who}, " + ("serving queries" if serving else "not serving yet"),
+                 OK if serving else WARN,
+                 "" if serving else "it is waiting for its store or starting: see the "
+                 "store worker's check above")
+
+
 def checks(s: Settings, d: Durations | None, txn_timeout_ms: int) -> list[Check]:
     """Every check, in the order they are printed."""
     return [*lease_checks(s, d), seen_ttl_check(s), transaction_check(s, txn_timeout_ms),
@@ -202,7 +271,8 @@ def fetch_durations(s: Settings, window_s: float) -> Durations:
     """p50/p95/p99 of page requests over the last ``window_s`` (through the running store
     worker when there is one, as ``crawlfleet sql``)."""
     from infra.clickhouse import job_duration_sql, run_query
-    _, rows = run_query(s, job_duration_sql(window_s))
+    _, rows = run_query(s, job_duration_sql(window_s), wait_s=STORE_WAIT_S,
+                        on_wait=lambda _: None)
     count, quantiles, top = rows[0] if rows else (0, [0, 0, 0], 0)
     p50, p95, p99 = (float(q or 0) / 1000.0 for q in quantiles)
     return Durations(int(count), p50, p95, p99, float(top or 0) / 1000.0, window_s)
@@ -236,8 +306,10 @@ def diagnose(s: Settings, window_s: float,
     with ``kafka``, the broker's retention of the dedupe state."""
     from infra.kafka_io import producer_conf
     txn_ms = int(producer_conf(s, "doctor", "doctor")["transaction.timeout.ms"])
+    from consumers.runtime import read_statuses
     durations: Durations | None
-    note: list[Check] = []
+    # What stands still now first: the store query below may wait for a starting worker.
+    note: list[Check] = [*worker_checks(read_statuses(s.status_dir)), store_owner_check(s)]
     try:
         durations = fetch_durations(s, window_s)
     except CrawlfleetError as exc:

@@ -6,6 +6,12 @@ groups' members (their client id is the worker id), settings in force from ``cra
 (paused fleet and targets, live caps), and what requests did (success, block rate, dead letters,
 versions per worker) from the store over the last few minutes. A source that is unreachable is
 shown as such; the rest of the view still works.
+
+Two things come from elsewhere because nothing shared can say them fast enough: a stage
+with lag whose group members are all dead or waiting is shown "stalled" at once when their
+status files are on this host (a killed static member stays in its group until its session
+times out); and the work the broker holds beyond any lag -- live entries of ``crawl.parked``
+and ``crawl.timers`` -- is read from the changelogs themselves every ``HELD_EVERY_S``.
 """
 
 from __future__ import annotations
@@ -18,11 +24,14 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from rich.console import Group, RenderableType
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from consumers.runtime import read_statuses
 from crawlfleet.config import Settings
 from crawlfleet.errors import CrawlfleetError
+from crawlfleet.health import HeldWork, read_held_work, stalls
 from infra.clickhouse import run_query
 from infra.kafka_io import topology_of
 from infra.lag import LagProbe
@@ -34,6 +43,10 @@ SPARKS = "▁▂▃▄▅▆▇█"
 HISTORY = 30
 #: The store is asked about this recent window.
 RECENT_S = 300
+#: The parked and timer changelogs (a full read each) are counted this often.
+HELD_EVERY_S = 10.0
+#: How long a refresh waits for a starting store worker to serve, before it says so.
+STORE_WAIT_S = 2.0
 
 
 def sparkline(values: list[int]) -> str:
@@ -53,6 +66,7 @@ class StageView:
     rate: float  # records consumed per second since the previous refresh
     members: list[str]
     trend: list[int]
+    stalled: str = ""  # "stalled: no store worker (...)" when it has lag and nobody serves
 
 
 @dataclass
@@ -66,6 +80,7 @@ class Snapshot:
     targets: list[dict[str, Any]] = field(default_factory=list)  # worst targets, from store
     dead: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    held: HeldWork | None = None  # live parked jobs and timers, from the broker
 
 
 class FleetView:
@@ -79,6 +94,8 @@ class FleetView:
         self.control = ControlReader(settings, self.topo.control, default_codec())
         self.history: dict[str, deque[int]] = {st: deque(maxlen=HISTORY) for st in STAGES}
         self._consumed: dict[str, tuple[float, int]] = {}
+        self._held: HeldWork | None = None
+        self._held_at = -HELD_EVERY_S
 
     def snapshot(self) -> Snapshot:
         now = time.monotonic()
@@ -101,11 +118,26 @@ class FleetView:
             self.history[stage].append(lag)
             stages[stage] = StageView(lag, rate, members.get(stage, []),
                                       list(self.history[stage]))
+        found = stalls({st: v.lag for st, v in stages.items()},
+                       read_statuses(self.s.status_dir), members)
+        for stage, why in found.items():
+            stages[stage].stalled = why
         state = self.control.state
         snap = Snapshot(time.time(), stages, state.paused, sorted(state.paused_targets),
-                        dict(state.caps), notes=notes)
+                        dict(state.caps), notes=notes, held=self._held_work(now, notes))
         self._from_store(snap)
         return snap
+
+    def _held_work(self, now: float, notes: list[str]) -> HeldWork | None:
+        """The changelogs' live entries, read again once ``HELD_EVERY_S`` has passed."""
+        if now - self._held_at >= HELD_EVERY_S:
+            self._held_at = now
+            try:
+                self._held = read_held_work(self.s)
+            except CrawlfleetError as exc:
+                self._held = None
+                notes.append(f"parked/timer changelogs unavailable: {exc}")
+        return self._held
 
     def _members(self, notes: list[str]) -> dict[str, list[str]]:
         groups = {self.topo.group(st): st for st in STAGES}
@@ -122,27 +154,32 @@ class FleetView:
             notes.append(f"groups unavailable: {exc}")
         return out
 
+    def _query(self, sql: str) -> tuple[list[str], list[list[Any]]]:
+        """Through the store worker (waiting briefly if it is starting), never blocking the
+        screen for long: a store that stays held is a note of this refresh."""
+        return run_query(self.s, sql, wait_s=STORE_WAIT_S, on_wait=lambda _: None)
+
     def _from_store(self, snap: Snapshot) -> None:
         window = f"ts >= now64(3) - INTERVAL {RECENT_S} SECOND"
         ok = "outcome = 'ok' AND status BETWEEN 200 AND 399"
         try:
-            cols, rows = run_query(self.s, (
+            cols, rows = self._query(
                 f"SELECT worker, any(code_revision) AS code, any(fetcher_version) AS fetcher, "  # noqa: S608
                 f"uniqExact(event_id) AS requests, round(uniqExactIf(event_id, {ok}) / "
                 f"requests, 3) AS success, uniqExactIf(event_id, outcome = 'blocked') AS blocked "
-                f"FROM fetch_events WHERE {window} GROUP BY worker ORDER BY worker"))
+                f"FROM fetch_events WHERE {window} GROUP BY worker ORDER BY worker")
             snap.workers = [dict(zip(cols, r, strict=True)) for r in rows]
-            cols, rows = run_query(self.s, (
+            cols, rows = self._query(
                 f"SELECT target, uniqExact(event_id) AS requests, round(uniqExactIf(event_id, "  # noqa: S608
                 f"outcome = 'blocked') / requests, 3) AS block_rate, round(uniqExactIf(event_id, "
                 f"outcome = 'retry') / requests, 3) AS retry_rate FROM fetch_events "
                 f"WHERE {window} GROUP BY target ORDER BY block_rate DESC, retry_rate DESC, "
-                f"requests DESC LIMIT 8"))
+                f"requests DESC LIMIT 8")
             snap.targets = [dict(zip(cols, r, strict=True)) for r in rows]
-            _, rows = run_query(self.s, (
+            _, rows = self._query(
                 "SELECT reason, uniqExact(event_id) FROM dead_letters "  # noqa: S608
                 f"WHERE failed_at >= now64(3) - INTERVAL {RECENT_S} SECOND GROUP BY reason "
-                "ORDER BY 2 DESC"))
+                "ORDER BY 2 DESC")
             snap.dead = {str(r): int(n) for r, n in rows}
         except CrawlfleetError as exc:
             snap.notes.append(f"store unavailable: {str(exc).splitlines()[0][:120]}")
@@ -159,16 +196,21 @@ def render(snap: Snapshot) -> RenderableType:
                             f"{time.strftime('%H:%M:%S', time.localtime(snap.at))}")
     parts.append(head)
     st = Table(title="stages", title_justify="left")
-    for col in ("stage", "lag", "trend", "records/s", "workers"):
+    for col in ("stage", "lag", "trend", "records/s", "workers", "state"):
         st.add_column(col, justify="right" if col in ("lag", "records/s") else "left")
     for name in STAGES:
         v = snap.stages.get(name)
         if v is None:
-            st.add_row(name, "?", "", "", "")
+            st.add_row(name, "?", "", "", "", "")
             continue
+        state = f"[bold red]{escape(v.stalled)}[/]" if v.stalled else \
+            ("working" if v.lag else "caught up")
         st.add_row(name, str(v.lag), sparkline(v.trend), f"{v.rate:.1f}",
-                   f"{len(v.members)}: {', '.join(v.members)}")
+                   f"{len(v.members)}: {', '.join(v.members)}", state)
     parts.append(st)
+    if snap.held is not None:
+        style = "" if snap.held.empty else "bold yellow"
+        parts.append(Text(f"held by the broker: {snap.held.describe()}", style=style))
     if snap.workers:
         wt = Table(title=f"fetch workers (last {RECENT_S // 60} min)", title_justify="left")
         for col in ("worker", "code", "fetcher", "requests", "success", "blocked"):

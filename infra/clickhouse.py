@@ -1,18 +1,37 @@
 """ClickHouse access: embedded chDB by default, a server when a DSN is given.
 
-chDB allows one process per store path (file lock), so the process that owns the store
-(the store worker) also serves read queries to others over a loopback HTTP endpoint whose
-port it writes next to the store. :func:`run_query` uses that endpoint when it answers and
-opens the path itself otherwise (e.g. after the crawl has finished).
+chDB admits one process per store path (its own file lock), so the process that owns the
+store (the store worker) also serves read queries to others over a loopback HTTP endpoint
+whose port it writes next to the store. Two flocks of ours, released by the kernel when
+their holder dies, decide who may open the path:
+
+- ``owner.lock``: the store worker's, for its whole life (from before it opens the path);
+- ``open.lock``: whoever has the engine open -- the store worker, or a reader for the
+  duration of one query when no store worker lives.
+
+:func:`run_query` goes through the owner's endpoint whenever a store worker lives (waiting
+a bounded time for it to serve) and opens the path itself only while holding
+``open.lock`` with no owner alive, so a stale port file can never make a reader take the
+store from a live worker, and a store worker that starts meanwhile waits, not fails.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import http.client
 import json
+import logging
+import os
 import re
+import socket
+import sys
 import threading
+import time
+import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -23,10 +42,19 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 from clickhouse_connect.driver.insert import InsertContext
 
 from crawlfleet.config import Settings
-from crawlfleet.errors import ConfigError, InfraError, QueryError
+from crawlfleet.errors import ConfigError, InfraError, QueryError, RetryableError
+
+log = logging.getLogger("crawlfleet.clickhouse")
 
 SQL_DIR = Path(__file__).parent / "sql"
 PORT_FILE = "query.port"
+#: Held by the store worker for its whole life: while it is held, readers never open the path.
+OWNER_LOCK = "owner.lock"
+#: Held by whoever has the engine open (the store worker, or one reader for one query).
+OPEN_LOCK = "open.lock"
+#: How long a reader waits for a living store worker to serve queries (it opens the store,
+#: creates the schema and starts its endpoint: about a second on a small store).
+READER_WAIT_S = 30.0
 
 PAGE_COLUMNS = ("dedupe_key", "url", "final_url", "target", "profile", "depth", "status",
                 "content_type", "title", "text", "links", "body_bytes", "fetched_at",
@@ -55,24 +83,187 @@ def job_duration_sql(window_s: float) -> str:
             "FROM fetch_events_v " + where)
 
 
-class Store:
-    """A clickhouse-connect client plus crawlfleet's schema; thread-safe via one lock."""
+@dataclass(frozen=True)
+class Holder:
+    """Who holds one of the store's locks, as the holder wrote it when it took the lock."""
+
+    pid: int
+    role: str  # "store worker" or "reader"
+    command: str
+    host: str
+    since: float  # Unix time the lock was taken
+
+    def describe(self) -> str:
+        since = time.strftime("%H:%M:%S", time.localtime(self.since))
+        return f"{self.role} pid {self.pid} ({self.command}) since {since}"
+
+
+class StoreHeldError(RetryableError):
+    """The embedded store is held by another process: a moment (its exit) cures it."""
+
+    reason = "store_held"
+
+    def __init__(self, message: str, holder: Holder | None, by_owner: bool) -> None:
+        super().__init__(message)
+        self.holder = holder
+        self.by_owner = by_owner  # a store worker lives: readers go through its endpoint
+
+
+def _command() -> str:
+    """This process's command line, short enough for a log line."""
+    args = [Path(sys.argv[0]).name, *sys.argv[1:]] if sys.argv and sys.argv[0] else ["python"]
+    if args[0] in ("cli.py", "__main__.py"):
+        args[0] = "crawlfleet"
+    elif args[0] == "-c":
+        args[0] = "python -c"
+    text = " ".join(args)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+class PathLock:
+    """An exclusive flock on one file, released by the kernel when its holder dies.
+
+    The holder writes who it is into the file, for whoever finds the lock taken; that text
+    means something only while the lock is held (a dead holder's stays behind).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    @property
+    def held_here(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, role: str, tries: int = 1) -> bool:
+        """Take the lock without blocking (``tries`` times, 10 ms apart); False if taken.
+
+        Several tries ride out another process's momentary :meth:`held` test."""
+        if self._fd is not None:
+            return True
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        for attempt in range(tries):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if attempt == tries - 1:
+                    os.close(fd)
+                    return False
+                time.sleep(0.01)
+        me = {"pid": os.getpid(), "role": role, "command": _command(),
+              "host": socket.gethostname(), "since": time.time()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)  # no stale holder left behind (still ours until closed)
+            os.close(fd)
+
+    def held(self) -> bool:
+        """Whether some process holds the lock (tested with a shared lock, given back at once)."""
+        if self._fd is not None:
+            return True
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing gives a shared lock back
+        return False
+
+    def holder(self) -> Holder | None:
+        """Who wrote themselves into the lock file last (None: nobody readable)."""
+        try:
+            data = json.loads(self.path.read_bytes() or b"null")
+            return Holder(int(data["pid"]), str(data["role"]), str(data["command"]),
+                          str(data["host"]), float(data["since"]))
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+
+class StoreOwnership:
+    """The store worker's claim on an embedded store path, held for the worker's life.
+
+    While it is held, readers never open the path (they use the owner's endpoint, or wait
+    for it), so a reader can never take the store from under a starting or running worker.
+    """
 
     def __init__(self, settings: Settings) -> None:
+        self.path = settings.clickhouse_path
+        self.lock = PathLock(self.path / OWNER_LOCK)
+
+    def claim(self) -> bool:
+        """Claim the store (idempotent); False while another store worker owns it."""
+        if self.lock.held_here:
+            return True
+        if not self.lock.acquire("store worker", tries=3):
+            return False
+        # The owner before us is dead: the port file it left says nothing any more.
+        (self.path / PORT_FILE).unlink(missing_ok=True)
+        return True
+
+    def holder(self) -> Holder | None:
+        """The store worker that owns the store (as it wrote itself into the lock)."""
+        return self.lock.holder()
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+class Store:
+    """A clickhouse-connect client plus crawlfleet's schema; thread-safe via one lock.
+
+    Embedded, the store is opened under ``open.lock``; a reader (``owner`` False) also
+    refuses while a store worker owns the path (:class:`StoreOwnership`). Either refusal
+    is a :class:`StoreHeldError` naming the holder.
+    """
+
+    def __init__(self, settings: Settings, *, owner: bool = False) -> None:
         self._lock = threading.Lock()
         self._contexts: dict[tuple[str, tuple[str, ...]], InsertContext] = {}
         self.embedded = not settings.clickhouse_dsn.get()
         self.path = settings.clickhouse_path
+        self._open_lock: PathLock | None = None
+        if self.embedded:
+            self._open_lock = self._take(settings, owner)
         try:
             if self.embedded:
-                self.path.mkdir(parents=True, exist_ok=True)
                 self._client = clickhouse_connect.get_client(interface="chdb",
                                                              path=str(self.path))
             else:
                 self._client = clickhouse_connect.get_client(dsn=settings.clickhouse_dsn.get())
         except Exception as exc:  # chDB/driver raise many types; surface one clear error
+            if self._open_lock is not None:
+                self._open_lock.release()
             where = self.path if self.embedded else "the configured DSN"
             raise InfraError(f"cannot open ClickHouse at {where}: {exc}") from exc
+
+    def _take(self, settings: Settings, owner: bool) -> PathLock:
+        self.path.mkdir(parents=True, exist_ok=True)
+        if not owner:
+            owned = PathLock(self.path / OWNER_LOCK)
+            if owned.held():
+                holder = owned.holder()
+                raise StoreHeldError(f"the store at {self.path} is owned by "
+                                     f"{_who(holder, 'a store worker')}", holder, True)
+        lock = PathLock(self.path / OPEN_LOCK)
+        if not lock.acquire("store worker" if owner else "reader", tries=3 if owner else 1):
+            holder = lock.holder()
+            raise StoreHeldError(f"the store at {self.path} is open in "
+                                 f"{_who(holder, 'another process')}", holder,
+                                 holder is not None and holder.role == "store worker")
+        return lock
 
     def ensure_schema(self) -> None:
         for name in ("schema.sql", "dashboards.sql"):
@@ -129,7 +320,15 @@ class Store:
 
     def close(self) -> None:
         with self._lock:
-            self._client.close()
+            try:
+                self._client.close()
+            finally:
+                if self._open_lock is not None:
+                    self._open_lock.release()  # after chDB let go of the path
+
+
+def _who(holder: Holder | None, unknown: str) -> str:
+    return holder.describe() if holder is not None else unknown
 
 
 def _statements(text: str) -> list[str]:
@@ -183,7 +382,9 @@ class QueryServer:
 
     def start(self) -> None:
         self._thread.start()
-        self._port_file.write_text(str(self._server.server_address[1]))
+        tmp = self._port_file.with_suffix(".tmp")  # readers never see a half-written port
+        tmp.write_text(str(self._server.server_address[1]))
+        tmp.replace(self._port_file)
 
     def stop(self) -> None:
         self._port_file.unlink(missing_ok=True)
@@ -191,14 +392,26 @@ class QueryServer:
         self._server.server_close()
 
 
-def run_query(settings: Settings, sql: str) -> tuple[list[str], list[list[Any]]]:
-    """Run a query against the crawl's store, through its owner process if it is running.
+def run_query(settings: Settings, sql: str, *, wait_s: float = READER_WAIT_S,
+              on_wait: Callable[[str], None] | None = None
+              ) -> tuple[list[str], list[list[Any]]]:
+    """Run a query against the crawl's store, through its owner process if one lives.
 
-    An engine error is a :class:`QueryError` with the engine's first line, never a trace."""
+    While a store worker owns the embedded store, the query goes to its endpoint; if it
+    does not serve yet (starting), this waits up to ``wait_s`` for it, saying so once
+    through ``on_wait`` (default: a warning on stderr). With no owner alive the path is
+    opened here, under the store's open lock, for this query only.
+
+    An engine error is a :class:`QueryError` with the engine's first line, never a trace;
+    a store still held after ``wait_s`` is a :class:`StoreHeldError` naming the holder."""
     try:
-        return _run_query(settings, sql)
+        return _run_query(settings, sql, wait_s, on_wait or _warn)
     except ClickHouseError as exc:
         raise QueryError(engine_message(str(exc))) from exc
+
+
+def _warn(text: str) -> None:
+    log.warning("%s", text)
 
 
 def engine_message(text: str) -> str:
@@ -208,29 +421,57 @@ def engine_message(text: str) -> str:
     return re.sub(r"\s*In scope .*?(\([A-Z_]+\))?$", r" \1", line).strip()
 
 
-def _run_query(settings: Settings, sql: str) -> tuple[list[str], list[list[Any]]]:
+def _run_query(settings: Settings, sql: str, wait_s: float,
+               on_wait: Callable[[str], None]) -> tuple[list[str], list[list[Any]]]:
     if settings.clickhouse_dsn.get():
-        store = Store(settings)
-        try:
-            cols, rows = store.query(sql)
-            return cols, [[_jsonable(v) for v in r] for r in rows]
-        finally:
-            store.close()
-    port_file = settings.clickhouse_path / PORT_FILE
-    if port_file.exists():
-        try:
-            return _remote_query(int(port_file.read_text()), sql)
-        except OSError:
-            pass  # owner gone (stale port file): open the path ourselves
-    if not settings.clickhouse_path.exists():
-        raise ConfigError(f"no crawl store at {settings.clickhouse_path}; run a crawl first "
+        return _local_query(Store(settings), sql)
+    path = settings.clickhouse_path
+    if not path.exists():
+        raise ConfigError(f"no crawl store at {path}; run a crawl first "
                           "or pass --data-dir / --clickhouse")
-    store = Store(settings)
+    deadline = time.monotonic() + wait_s
+    told = False
+    while True:
+        port = _port(path)
+        if port is not None:
+            try:
+                return _remote_query(port, sql)
+            except _OwnerGone:
+                pass  # a stale port file, or a worker that just died: the locks decide
+        try:
+            store = Store(settings)
+        except StoreHeldError as exc:
+            if time.monotonic() >= deadline:
+                raise StoreHeldError(f"{exc}, which did not serve queries within "
+                                     f"{wait_s:g} s (see `crawlfleet doctor`)",
+                                     exc.holder, exc.by_owner) from None
+            if not told:
+                told = True
+                on_wait(f"{exc}; waiting up to {wait_s:g} s for it to "
+                        + ("serve queries" if exc.by_owner else "finish"))
+            time.sleep(0.2)
+            continue
+        return _local_query(store, sql)
+
+
+def _local_query(store: Store, sql: str) -> tuple[list[str], list[list[Any]]]:
     try:
         cols, rows = store.query(sql)
         return cols, [[_jsonable(v) for v in r] for r in rows]
     finally:
         store.close()
+
+
+def _port(path: Path) -> int | None:
+    try:
+        return int((path / PORT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class _OwnerGone(RetryableError):
+    """Nobody answers on the port file's port (stale), or the answer broke off (the owner
+    died mid-query): internal to :func:`_run_query`, which then consults the locks."""
 
 
 def _remote_query(port: int, sql: str) -> tuple[list[str], list[list[Any]]]:
@@ -241,4 +482,13 @@ def _remote_query(port: int, sql: str) -> tuple[list[str], list[list[Any]]]:
     except urllib.error.HTTPError as exc:
         payload = json.loads(exc.read())
         raise QueryError(engine_message(str(payload.get("error")))) from exc
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, ConnectionError):
+            raise _OwnerGone(str(exc)) from exc
+        raise InfraError(f"the store worker on port {port} did not answer: {exc}") from exc
+    except (ConnectionError, http.client.HTTPException) as exc:
+        raise _OwnerGone(str(exc)) from exc
+    except TimeoutError as exc:
+        raise InfraError(f"the store worker on port {port} did not answer within 60 s") \
+            from exc
     return payload["columns"], payload["rows"]

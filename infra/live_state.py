@@ -111,16 +111,32 @@ def live_entries(settings: Settings, topic: str, partitions: int,
     return out
 
 
+#: Refusals that a moment cures, though librdkafka's admin client does not mark them
+#: retriable: the partition's leader is not known (yet) where the request went.
+_LEADER_UNKNOWN = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION,
+                             KafkaError.LEADER_NOT_AVAILABLE})
+
+
 def high_watermarks(settings: Settings, topic: str, partitions: Iterable[int],
                     timeout_s: float = 10.0, admin: AdminClient | None = None) -> dict[int, int]:
     """The high watermark of each partition, in one request (read_uncommitted: a
-    ``read_committed`` client's watermark is the last stable offset instead)."""
+    ``read_committed`` client's watermark is the last stable offset instead).
+
+    A retriable refusal (a partition whose leader the broker does not know yet, e.g. just
+    after the topic was created or while a leader moves) is asked again until
+    ``timeout_s``."""
     admin = admin if admin is not None else AdminClient(settings.kafka_common())
     asked = {TopicPartition(topic, p): OffsetSpec.latest()  # type: ignore[no-untyped-call]
              for p in partitions}
-    try:
-        futures = admin.list_offsets(asked, isolation_level=IsolationLevel.READ_UNCOMMITTED,
-                                     request_timeout=timeout_s)
-        return {tp.partition: f.result().offset for tp, f in futures.items()}
-    except KafkaException as exc:
-        raise InfraError(f"cannot read the end of {topic}: {exc}") from exc
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            futures = admin.list_offsets(asked, isolation_level=IsolationLevel.READ_UNCOMMITTED,
+                                         request_timeout=timeout_s)
+            return {tp.partition: f.result().offset for tp, f in futures.items()}
+        except KafkaException as exc:
+            err: KafkaError = exc.args[0]
+            again = err.retriable() or err.code() in _LEADER_UNKNOWN
+            if not again or time.monotonic() >= deadline:
+                raise InfraError(f"cannot read the end of {topic}: {exc}") from exc
+            time.sleep(0.1)

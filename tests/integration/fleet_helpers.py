@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -278,15 +279,17 @@ app()
 
 
 def store_ready(settings: Settings) -> bool:
-    """The store process is serving queries (never open chDB in the test process)."""
-    port_file = settings.clickhouse_path / PORT_FILE
-    if not port_file.exists():
-        return False
+    """The store process is serving queries (never open chDB in the test process: asked over
+    its endpoint only, as a stale port file left by a killed worker would otherwise make
+    run_query open the path here)."""
     try:
-        query(settings, "SELECT 1")
-    except Exception:
+        port = int((settings.clickhouse_path / PORT_FILE).read_text())
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/", data=b"SELECT 1",
+                                     method="POST")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return bool(json.loads(resp.read()).get("rows") == [[1]])
+    except (OSError, ValueError):
         return False
-    return True
 
 
 def query(settings: Settings, sql: str) -> list[list[Any]]:

@@ -1,0 +1,119 @@
+"""What holds a fleet still: stalled stages, and work only the broker still holds.
+
+Two things a healthy-looking fleet can hide, each read from where the truth lives:
+
+- a **stalled** stage: its input has lag and none of its workers serves -- there is none,
+  or only dead ones (a status file whose process is gone: kill -9 leaves it behind), or
+  only ones that wait (for their broker, for their store, which they say in their status).
+  ``crawl`` and ``top`` show it within seconds, with why, instead of waiting silently;
+- **held work**: the live entries of ``crawl.parked`` and ``crawl.timers`` as the broker
+  holds them (:func:`infra.live_state.live_entries`). A job parked or waiting on a timer is
+  work even when no worker has it in memory, so a pipeline is drained only when both
+  changelogs are empty *and* settled (no open transaction), whatever the gauges say. Each
+  read is a full read of a compacted topic: callers read it at a modest rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from consumers.runtime import status_alive
+from crawlfleet.config import Settings
+from infra.kafka_io import topology_of
+from infra.live_state import LiveEntries, live_entries
+
+#: A stage must look stalled this long before it is shown so (a restarted worker takes a
+#: second or two to write its first status).
+STALL_GRACE_S = 2.0
+
+SERVING, WAITING, DEAD = "serving", "waiting", "dead"
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    stage: str
+    worker: str
+    state: str  # SERVING, WAITING or DEAD
+    detail: str = ""
+
+
+def worker_state(status: dict[str, Any]) -> WorkerState:
+    """One worker's state from its status file (a process on another host: serving)."""
+    stage, worker = str(status.get("stage", "?")), str(status.get("worker", "?"))
+    if status_alive(status) is False:
+        return WorkerState(stage, worker, DEAD, f"pid {status.get('pid')} is gone")
+    waiting = str(status.get("waiting") or "")
+    if waiting:
+        return WorkerState(stage, worker, WAITING, waiting)
+    return WorkerState(stage, worker, SERVING)
+
+
+def stalls(lags: dict[str, int], statuses: list[dict[str, Any]],
+           members: dict[str, list[str]] | None = None) -> dict[str, str]:
+    """Stage -> "stalled: no <stage> worker (why)" for each stage with lag and no worker
+    that serves.
+
+    ``statuses`` are the local status files; ``members`` (``top``) the stages' group members
+    from Kafka, which count as serving unless a local status says their process is dead or
+    waiting (a killed static member stays in its group until its session times out).
+    """
+    states = [worker_state(s) for s in statuses]
+    out: dict[str, str] = {}
+    for stage, lag in lags.items():
+        if lag <= 0:
+            continue
+        mine = {w.worker: w for w in states if w.stage == stage}
+        serving = {w for w, st in mine.items() if st.state == SERVING}
+        if members is not None:
+            serving |= {m for m in members.get(stage, []) if m not in mine}
+        if serving:
+            continue
+        why = "; ".join(f"{st.worker} {st.state}: {st.detail}" for st in mine.values())
+        out[stage] = f"stalled: no {stage} worker" + (f" ({why})" if why else "")
+    return out
+
+
+class StallWatch:
+    """Shows a stall once it has lasted ``grace_s`` (0: at once)."""
+
+    def __init__(self, grace_s: float = STALL_GRACE_S) -> None:
+        self.grace_s = grace_s
+        self._since: dict[str, float] = {}
+
+    def update(self, found: dict[str, str], now: float) -> dict[str, str]:
+        self._since = {stage: self._since.get(stage, now) for stage in found}
+        return {stage: why for stage, why in found.items()
+                if now - self._since[stage] >= self.grace_s}
+
+
+@dataclass(frozen=True)
+class HeldWork:
+    """Live entries of the parked and timer changelogs, as the broker holds them."""
+
+    parked: LiveEntries
+    timers: LiveEntries
+
+    @property
+    def empty(self) -> bool:
+        """Nothing held and nothing in flight: the only state in which a crawl is drained."""
+        return all(c.total == 0 and c.settled for c in (self.parked, self.timers))
+
+    def describe(self) -> str:
+        """E.g. "crawl.parked 77 live (p2 77), crawl.timers 0"; open transactions named."""
+        parts = []
+        for name, c in (("crawl.parked", self.parked), ("crawl.timers", self.timers)):
+            where = ", ".join(f"p{p} {n}" for p, n in sorted(c.counts.items()) if n)
+            text = f"{name} {c.total} live" + (f" ({where})" if where else "")
+            if c.unsettled:
+                text += " + open transaction on " + ", ".join(f"p{p}" for p in
+                                                               sorted(c.unsettled))
+            parts.append(text)
+        return ", ".join(parts)
+
+
+def read_held_work(settings: Settings, timeout_s: float = 10.0) -> HeldWork:
+    """Both changelogs read to a stable end (raises InfraError if Kafka cannot be asked)."""
+    topo = topology_of(settings)
+    return HeldWork(live_entries(settings, topo.parked, topo.partitions, timeout_s),
+                    live_entries(settings, topo.timers, topo.partitions, timeout_s))
