@@ -19,6 +19,7 @@ from consumers.runtime import (
     StatusFile,
     StopFlag,
     TxnCommitter,
+    wait_for_kafka,
     worker_name,
 )
 from consumers.slow_start import SlowStart
@@ -91,6 +92,8 @@ class BatchStage(ABC):
                 self._paused_until.clear()
                 self.rolled_back()
                 time.sleep(REJOIN_PAUSE_S)  # a broker that is down fails at once: no spin
+                wait_for_kafka(self.settings, self.stop, self.status,
+                               f"{self.stage} {self.worker}")
         self.status.remove()
 
     def _run_once(self) -> None:

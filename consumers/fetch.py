@@ -50,7 +50,14 @@ from consumers.parking import ParkedQueues, encode_job, park_key, share_of
 from consumers.restorer import Restored, Restorer
 from consumers.robots import UNREACHABLE_RETRY_S
 from consumers.robots_cache import RobotsCache
-from consumers.runtime import FencedError, StatusFile, StopFlag, TxnCommitter, worker_name
+from consumers.runtime import (
+    FencedError,
+    StatusFile,
+    StopFlag,
+    TxnCommitter,
+    wait_for_kafka,
+    worker_name,
+)
 from consumers.scheduler import TargetScheduler
 from consumers.seen import SeenStore
 from consumers.slow_start import SlowStart
@@ -136,6 +143,7 @@ class FetchStage:
                 log.warning("fetch %s lost its transaction, rejoining: %s", self.worker, exc)
                 self.status.add("fenced")
                 time.sleep(REJOIN_PAUSE_S)  # a broker that is down fails at once: no spin
+                wait_for_kafka(self.s, self.stop, self.status, f"fetch {self.worker}")
         self.status.remove()
 
     async def _session(self) -> None:

@@ -248,6 +248,10 @@ class StoreStage:
                     rewind(consumer, [TopicPartition(t, p) for t, p in self._revoked & owned])
                     self._revoked.clear()
                 offsets = self._write(batch) if batch else {}
+                # Stored, offsets not committed yet: rows a crash now would insert again
+                # (dropped by the deduplication token only if the replay batches alike).
+                self.status.gauges["uncommitted"] = self.status.gauges.get(
+                    "uncommitted", 0) + len(batch)
                 self._commit(consumer, offsets)
                 self.status.write()
         finally:
@@ -298,11 +302,13 @@ class StoreStage:
                 offsets[key] = pos.offset
         changed = {k: o for k, o in offsets.items() if self._committed.get(k) != o}
         if not changed:
+            self.status.gauges["uncommitted"] = 0
             return
         try:
             consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in changed.items()],
                             asynchronous=False)
             self._committed.update(changed)
+            self.status.gauges["uncommitted"] = 0
         except KafkaException as exc:  # rebalanced meanwhile: the batch will be replayed
             log.warning("store offset commit failed, batch will be replayed: %s", exc)
 
