@@ -351,9 +351,10 @@ class _Session:
 
     def _unassigned(self, consumer: Consumer, gone: list[TP]) -> None:
         """The status's assignment without ``gone`` (unassigned after the callback)."""
+        leaving = set(gone)
         self.status.assignment = sorted(
             (tp.topic, tp.partition) for tp in consumer.assignment()
-            if (tp.topic, tp.partition) not in set(gone))
+            if (tp.topic, tp.partition) not in leaving)
 
     def _forget(self, revoked: list[TP]) -> None:
         owned = self.ledger.forget(revoked) | self.restorer.waiting
