@@ -29,8 +29,14 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# A crash of the test process itself (a C library's abort) names the test it was running.
+# Python's own fault dump is off so the C library's assertion line ends the output.
 test: lint
-	$(BIN)/python -m pytest -p no:cacheprovider tests
+	@rm -f .crawlfleet/current-test
+	@$(BIN)/python -m pytest -p no:cacheprovider -p no:faulthandler tests || { rc=$$?; \
+	  test -f .crawlfleet/current-test && \
+	    echo "the test process died while running $$(cat .crawlfleet/current-test)"; \
+	  exit $$rc; }
 
 bench: setup
 	$(BIN)/python -m bench.crawl_bench --pages 10000

@@ -100,7 +100,8 @@ class BatchStage(ABC):
         group = self.topology.group(self.stage)
         committer = TxnCommitter(self.settings, f"{group}-{self.worker}", self.worker)
         consumer = Consumer(consumer_conf(self.settings, group, self.worker))
-        self.membership.subscribe(consumer, self._on_assign, self._on_revoke)
+        self.membership.subscribe(consumer, self._on_assign, self._on_revoke,
+                                  report=self.status)
         self.rolled_back()
         try:
             while not self.stop.requested:

@@ -230,14 +230,13 @@ class _Session:
         self.ctl_paused = self.control.state.paused
         self.consumer = Consumer(consumer_conf(self.s, group, self.st.worker))
         self.membership.subscribe(self.consumer, self._on_assign, self._on_revoke,
-                                  self._on_lost)
+                                  self._on_lost, report=self.status)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """New partitions (both tiers of each) wait, paused, for their dedupe and parked
         stores, restored on the restorer's thread: the partitions this worker already owns
         keep flowing meanwhile, and the callback returns at once."""
         consumer.pause(partitions)
-        self.status.assignment = sorted((tp.topic, tp.partition) for tp in consumer.assignment())
         self.restorer.start({p.partition for p in partitions})
         self.status.add("assigned_partitions", len(partitions))
         log.info("fetch %s: assigned partitions %s", self.st.worker,
@@ -322,7 +321,6 @@ class _Session:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = [(p.topic, p.partition) for p in partitions]
-        self._unassigned(consumer, revoked)
         self.restorer.cancel({p.partition for p in partitions})
         self.status.add("revoked_partitions", len(partitions))
         log.info("fetch %s: revoked partitions %s", self.st.worker,
@@ -341,20 +339,12 @@ class _Session:
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Partitions already gone (session timed out): drop the work, commit nothing."""
         revoked = [(p.topic, p.partition) for p in partitions]
-        self._unassigned(consumer, revoked)
         self.restorer.cancel({p.partition for p in partitions})
         self.status.add("lost_partitions", len(partitions))
         self.ledger.revoke(revoked)
         self.ledger.poison("partitions lost")
         self.broken = FencedError("partitions lost: membership expired")
         self._forget(revoked)
-
-    def _unassigned(self, consumer: Consumer, gone: list[TP]) -> None:
-        """The status's assignment without ``gone`` (unassigned after the callback)."""
-        leaving = set(gone)
-        self.status.assignment = sorted(
-            (tp.topic, tp.partition) for tp in consumer.assignment()
-            if (tp.topic, tp.partition) not in leaving)
 
     def _forget(self, revoked: list[TP]) -> None:
         owned = self.ledger.forget(revoked) | self.restorer.waiting

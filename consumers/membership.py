@@ -12,6 +12,7 @@ revocation callback runs, so it can commit their work first).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -19,6 +20,14 @@ from schemas.topics import Topology
 
 #: A rebalance callback of a stage: it sees the full (expanded) partition set.
 Callback = Callable[[Consumer, list[TopicPartition]], None]
+
+
+class AssignmentReport(Protocol):
+    """Where a worker says what it holds (its status file): ``crawl`` reads readiness
+    from it instead of describing the group (a coordinator request that librdkafka may
+    abort the process on when it times out, librdkafka#4605)."""
+
+    def assigned(self, assignment: list[tuple[str, int]]) -> None: ...
 
 
 class Membership:
@@ -36,16 +45,23 @@ class Membership:
         return out
 
     def subscribe(self, consumer: Consumer, on_assign: Callback | None = None,
-                  on_revoke: Callback | None = None, on_lost: Callback | None = None) -> None:
+                  on_revoke: Callback | None = None, on_lost: Callback | None = None,
+                  report: AssignmentReport | None = None) -> None:
         """Subscribe ``consumer``; the callbacks get expanded partition sets.
 
         Assigned partitions are added before ``on_assign`` runs (so it can pause them: a
         pause set before the assignment would not stick); revoked ones are removed after
-        ``on_revoke``/``on_lost`` ran.
+        ``on_revoke``/``on_lost`` ran. ``report`` hears the consumer's assignment after
+        every change (an empty assignment too: the member has joined).
         """
+        def tell(c: Consumer) -> None:
+            if report is not None:
+                report.assigned(sorted((tp.topic, tp.partition) for tp in c.assignment()))
+
         def assigned(c: Consumer, parts: list[TopicPartition]) -> None:
             full = self.expand(parts)
             c.incremental_assign(full)
+            tell(c)
             if on_assign is not None:
                 on_assign(c, full)
 
@@ -56,6 +72,7 @@ class Membership:
                     on_revoke(c, full)
             finally:
                 c.incremental_unassign(full)
+                tell(c)
 
         def lost(c: Consumer, parts: list[TopicPartition]) -> None:
             full = self.expand(parts)
@@ -65,5 +82,6 @@ class Membership:
                     handler(c, full)
             finally:
                 c.incremental_unassign(full)
+                tell(c)
 
         consumer.subscribe(self.topics, on_assign=assigned, on_revoke=revoked, on_lost=lost)

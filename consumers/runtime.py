@@ -306,6 +306,8 @@ class StatusFile:
         #: The consumer's own assignment (every topic), as librdkafka holds it: what the
         #: worker really reads, not what the group's lead-topic assignment implies.
         self.assignment: list[tuple[str, int]] = []
+        #: Rebalances this worker has seen (0: it has not joined its group yet).
+        self.rebalances = 0
         self.metrics = WorkerMetrics(stage, worker)
         #: What the worker waits for before it can work ("" = nothing): its broker, its
         #: store. Shown by ``crawl``, ``top`` and ``doctor``.
@@ -319,6 +321,12 @@ class StatusFile:
         self.waiting = what
         self.gauges[gauge] = 1 if what else 0
         self.gauges[f"{gauge}_s"] = int(waited_s) if what else 0
+        self.write(force=True)
+
+    def assigned(self, assignment: list[tuple[str, int]]) -> None:
+        """The consumer's assignment after a rebalance; written at once (readiness)."""
+        self.assignment = assignment
+        self.rebalances += 1
         self.write(force=True)
 
     def add(self, name: str, n: int = 1) -> None:
@@ -337,7 +345,8 @@ class StatusFile:
                 "host": _HOST, "counters": self.counters, "gauges": self.gauges,
                 "idle_s": round(now - self._last_activity, 3), "wall": time.time(),
                 "metrics_port": self.metrics.port, "waiting": self.waiting,
-                "assignment": [list(tp) for tp in self.assignment]}
+                "assignment": [list(tp) for tp in self.assignment],
+                "rebalances": self.rebalances}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(self.path)

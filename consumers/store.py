@@ -235,7 +235,8 @@ class StoreStage:
         sampler.start()
         group = self.topology.group("store")
         consumer = Consumer(consumer_conf(self.s, group, self.worker))
-        Membership(self.topology, self.stage).subscribe(consumer, on_revoke=self._on_revoke)
+        Membership(self.topology, self.stage).subscribe(consumer, on_revoke=self._on_revoke,
+                                                         report=self.status)
         try:
             while not self.stop.requested:
                 batch = self._collect(consumer)

@@ -21,8 +21,6 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import ConsumerGroupState, KafkaException
-from confluent_kafka.admin import AdminClient
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -37,6 +35,7 @@ from infra.kafka_io import topology_of
 from infra.lag import LagProbe
 from infra.topics import adopt_partitions, create_topics, delete_topics
 from producers.frontier import PublishReport, jobs_from_lines, publish
+from schemas.topics import Topology
 
 STAGES = ("fetch", "parse", "store", "retry")
 PARTITIONS_PER_WORKER = 4
@@ -294,54 +293,63 @@ def _busy(settings: Settings, path: Path) -> DataDirBusyError:
 
 
 def wait_ready(settings: Settings, fleet: Fleet, timeout_s: float = 60.0) -> bool:
-    """Block until every worker reports and every group is stable with all its members.
+    """Block until every worker has joined its group and each group holds all its partitions.
 
     Seeds published earlier would be fetched while the parse group is still forming, and
     the crawl's first hops would wait on its rebalance. False after ``timeout_s`` (the crawl
     then goes on regardless: a late member only joins late).
 
-    The groups are described only once every live stage process has written its status (so
-    it has joined and the coordinator is known), and patiently (30 s): a short describe can
-    time out on a fresh three-node cluster, where librdkafka 2.x may then abort the whole
-    process (librdkafka#4605, ``eonce->refcnt > 0``).
+    Read from the workers' status files (each writes its consumer's assignment after every
+    rebalance), not by describing the groups: a group describe is a coordinator request,
+    and when one times out (a fresh three-node cluster, a broker going down) librdkafka 2.x
+    may abort the whole process (librdkafka#4605, ``eonce->refcnt > 0``).
     """
     deadline = time.monotonic() + timeout_s
-    workers = sum(fleet.plan.counts().values())
-    while _reporting(settings, fleet) < workers:
-        if time.monotonic() > deadline:
+    topo = topology_of(settings)
+    seen: tuple[tuple[str, int], ...] | None = None
+    since = 0.0
+    while True:
+        now = time.monotonic()
+        marks = _settled(settings, fleet, topo)
+        if marks is None or marks != seen:
+            seen, since = marks, now
+        elif now - since >= READY_QUIET_S:
+            return True
+        if now > deadline:
             return False
         fleet.heal()
         time.sleep(READY_TICK_S)
-    topo = topology_of(settings)
-    want = {topo.group(stage): n for stage, n in fleet.plan.counts().items() if n}
-    admin = AdminClient(settings.kafka_common())
-    while time.monotonic() < deadline:
-        fleet.heal()
-        ready = True
-        for group, fut in admin.describe_consumer_groups(
-                list(want), request_timeout=DESCRIBE_TIMEOUT_S).items():
-            try:
-                desc = fut.result()
-            except KafkaException:
-                ready = False
-                continue
-            if desc.state != ConsumerGroupState.STABLE or len(desc.members) < want[group]:
-                ready = False
-        if ready:
-            return True
-        time.sleep(READY_TICK_S)
-    return False
 
 
-#: How often wait_ready looks again, and how long one group describe may take.
+#: How often wait_ready looks again, and how long the members' reports must stay settled
+#: and unchanged: in a cooperative rebalance a joining member may report its (empty) first
+#: assignment a moment before the member giving partitions up reports its revocation.
 READY_TICK_S = 0.1
-DESCRIBE_TIMEOUT_S = 30.0
+READY_QUIET_S = 0.5
 
 
-def _reporting(settings: Settings, fleet: Fleet) -> int:
-    """Live stage processes of ``fleet`` with a status file (a resumed crawl's are stale)."""
+def _settled(settings: Settings, fleet: Fleet,
+             topo: Topology) -> tuple[tuple[str, int], ...] | None:
+    """Every live stage process has joined (a resumed crawl's stale status files do not
+    count) and, per stage, its members hold each subscribed topic's partitions once each:
+    then each member's rebalance count (to tell a later rebalance), else None."""
     pids = {p.pid for p in fleet.procs.values() if p.poll() is None}
-    return sum(1 for st in read_statuses(settings.status_dir) if st.get("pid") in pids)
+    joined: dict[str, list[dict[str, Any]]] = {}
+    for st in read_statuses(settings.status_dir):
+        if st.get("pid") in pids and st.get("rebalances", 0) > 0:
+            joined.setdefault(str(st.get("stage")), []).append(st)
+    marks: list[tuple[str, int]] = []
+    for stage, n in fleet.plan.counts().items():
+        members = joined.get(stage, [])
+        if len(members) < n:
+            return None
+        held = sorted((t, p) for st in members for t, p in st.get("assignment", []))
+        want = sorted((t, p) for t in topo.subscription(stage) + topo.followers(stage)
+                      for p in range(topo.partitions))
+        if held != want:
+            return None  # a partition unowned (moving) or held twice (mid-rebalance)
+        marks += [(str(st.get("worker")), int(st["rebalances"])) for st in members]
+    return tuple(sorted(marks))
 
 
 def _seed_targets(lines: list[str], settings: Settings) -> tuple[str, ...]:

@@ -1,0 +1,25 @@
+"""Suite-wide hooks: which test runs now, for a crash that takes the whole process down.
+
+A C library's abort (librdkafka asserts, e.g. librdkafka#4605) kills pytest before it can
+report; ``make test`` then prints the test this file names, with the assertion line above.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+#: Where the nodeid of the running test is kept (``make test`` reads it after a crash).
+CURRENT = Path(os.environ.get("CRAWLFLEET_CURRENT_TEST", ".crawlfleet/current-test"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    CURRENT.parent.mkdir(parents=True, exist_ok=True)
+    CURRENT.write_text(nodeid + "\n")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    CURRENT.unlink(missing_ok=True)
