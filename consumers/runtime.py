@@ -34,7 +34,7 @@ from consumers.metrics import GaugeFn, WorkerMetrics
 from crawlfleet.config import Settings
 from crawlfleet.errors import CrawlfleetError, KafkaStageError
 from infra import kafka_local
-from infra.kafka_io import Output, producer_conf
+from infra.kafka_io import Output, producer_conf, transaction_timeout_ms
 
 log = logging.getLogger("crawlfleet.runtime")
 
@@ -91,12 +91,26 @@ _SLOTS: dict[str, int] = {}
 
 
 class TxnCommitter:
-    """Owns a transactional producer: outputs + input offsets commit atomically, or not at all."""
+    """Owns a transactional producer: outputs + input offsets commit atomically, or not at all.
+
+    A commit gets one transaction timeout in all (its produce, offsets and commit calls
+    retried within it), never more: it runs on the thread that polls the consumer, and a
+    cluster that went down at once used to keep that thread in retries of 30-s calls for
+    five minutes, until the consumer left its group for not polling. Past the budget the
+    transaction's outcome is unknown; the session ends, and the next one's producer
+    (``init_transactions`` under the same id) fences this one and settles it — committed
+    or aborted, which the next session reads from the group's committed offsets.
+    """
 
     def __init__(self, settings: Settings, transactional_id: str, client_id: str) -> None:
         self.transactional_id = transactional_id
+        #: Seconds a whole commit (or the producer's start) may take.
+        self.budget_s = transaction_timeout_ms(settings) / 1000
+        self.clock: Callable[[], float] = time.monotonic
+        self.sleep: Callable[[float], None] = time.sleep
         self.producer = Producer(producer_conf(settings, client_id, transactional_id))
-        self._run(lambda: self.producer.init_transactions(30))
+        self._run("init_transactions", self.producer.init_transactions,
+                  self.clock() + self.budget_s)
 
     def commit(self, consumer: Consumer, outputs: Iterable[Output],
                offsets: list[TopicPartition],
@@ -107,6 +121,7 @@ class TxnCommitter:
         changelogs), so a store can move its checkpoint past its own committed writes.
         """
         written: dict[tuple[str, int], int] = {}
+        deadline = self.clock() + self.budget_s
 
         def delivered(err: KafkaError | None, msg: Any) -> None:
             offset = msg.offset()
@@ -114,17 +129,19 @@ class TxnCommitter:
                 key = (msg.topic(), msg.partition())
                 written[key] = max(written.get(key, -1), offset)
 
-        self._run(self.producer.begin_transaction)
+        self._run("begin_transaction", lambda _t: self.producer.begin_transaction(), deadline)
         try:
             for o in outputs:
-                self._produce(o, delivered if o.topic in track else None)
+                self._produce(o, delivered if o.topic in track else None, deadline)
             if offsets:
                 meta = consumer.consumer_group_metadata()
-                self._run(lambda: self.producer.send_offsets_to_transaction(offsets, meta, 30))
+                self._run("send_offsets_to_transaction",
+                          lambda t: self.producer.send_offsets_to_transaction(offsets, meta, t),
+                          deadline)
             faults.point("before_commit")
             if faults.fails("abort_commit"):
                 raise TxnAbortedError("fault injection: the transaction must abort")
-            self._run(lambda: self.producer.commit_transaction(30))
+            self._run("commit_transaction", self.producer.commit_transaction, deadline)
             faults.point("after_commit")
         except TxnAbortedError:
             self._abort()
@@ -132,7 +149,8 @@ class TxnCommitter:
         # commit_transaction flushed every record and served their delivery reports.
         return written
 
-    def _produce(self, o: Output, on_delivery: Callable[..., None] | None = None) -> None:
+    def _produce(self, o: Output, on_delivery: Callable[..., None] | None,
+                 deadline: float) -> None:
         while True:
             try:
                 if on_delivery is None:
@@ -144,29 +162,41 @@ class TxnCommitter:
                                           on_delivery=on_delivery)
                 return
             except BufferError:
+                if self.clock() >= deadline:
+                    raise self._late("produce (the producer's queue stayed full)") from None
                 self.producer.poll(0.05)  # queue full: let deliveries drain
             except KafkaException as exc:
                 raise _classify(exc) from exc
 
     def _abort(self) -> None:
         try:
-            self.producer.abort_transaction(30)
+            self.producer.abort_transaction(self.budget_s)
         except KafkaException as exc:
             err = exc.args[0]
             if err.fatal():
                 raise FencedError(f"abort failed fatally: {err}") from exc
 
-    def _run(self, call: Callable[[], Any]) -> Any:
-        for attempt in range(5):
+    def _run(self, what: str, call: Callable[[float], Any], deadline: float) -> Any:
+        """``call(timeout)`` until it succeeds, a non-retriable error, or ``deadline``."""
+        attempt = 0
+        while True:
+            left = deadline - self.clock()
+            if left <= 0:
+                raise self._late(what)
             try:
-                return call()
+                return call(left)
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
-                if err.retriable() and not err.txn_requires_abort() and attempt < 4:
-                    time.sleep(0.2 * (attempt + 1))
-                    continue
-                raise _classify(exc) from exc
-        raise AssertionError("unreachable")
+                if not err.retriable() or err.txn_requires_abort():
+                    raise _classify(exc) from exc
+                attempt += 1
+                log.info("%s: %s failed (%s), retrying", self.transactional_id, what, err.str())
+                self.sleep(min(0.2 * attempt, 1.0, max(0.0, deadline - self.clock())))
+
+    def _late(self, what: str) -> KafkaStageError:
+        return KafkaStageError(
+            f"{what} did not finish within the transaction timeout ({self.budget_s:.0f} s); "
+            "the transaction's outcome is left to the next session's producer")
 
     def close(self) -> None:
         try:

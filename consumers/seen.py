@@ -391,9 +391,10 @@ class SeenStore:
                       timeout_s: float) -> int:
         """The checkpoint, or the log start after wiping a DB whose checkpoint is off the log."""
         with self._lock:
-            db = self._parts[partition]
-            raw_topic = db.get(KEY_TOPIC)
-        ckpt = self.checkpoint(partition)
+            db = self._parts.get(partition)
+            raw_topic = db.get(KEY_TOPIC) if db is not None else None
+            raw_ckpt = db.get(KEY_CHECKPOINT) if db is not None else None
+        ckpt = 0 if raw_ckpt is None else int.from_bytes(raw_ckpt, "big")
         try:
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
                                                        timeout=min(timeout_s, 30.0))
@@ -401,6 +402,8 @@ class SeenStore:
             log.warning("seen p%d: watermarks unavailable (%s); reading from checkpoint %d",
                         partition, exc, ckpt)
             return ckpt
+        if db is None:  # dropped (revoked) as the restore began: the others go on
+            return high
         stale = bool(raw_topic) and raw_topic != topic.encode()
         if stale or ckpt < low or ckpt > high:
             # Records we never applied are gone (retention) or the log is not the one we read

@@ -312,9 +312,10 @@ class StateStore:
 
     def _start_offset(self, consumer: Consumer, topic: str, partition: int) -> int:
         with self._lock:
-            db = self._parts[partition]
-            raw_topic = db.get(KEY_TOPIC)
-        ckpt = self.checkpoint(partition)
+            db = self._parts.get(partition)
+            raw_topic = db.get(KEY_TOPIC) if db is not None else None
+            raw_ckpt = db.get(KEY_CHECKPOINT) if db is not None else None
+        ckpt = 0 if raw_ckpt is None else int.from_bytes(raw_ckpt, "big")
         try:
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
                                                        timeout=30.0)
@@ -322,6 +323,10 @@ class StateStore:
             log.warning("%s p%d: watermarks unavailable (%s); reading from checkpoint %d",
                         self.name, partition, exc, ckpt)
             return ckpt
+        if db is None:
+            # Dropped while the restore began (revoked meanwhile): nothing to read into,
+            # and the other partitions of this restore go on (they used to fail with it).
+            return high
         if (raw_topic and raw_topic != topic.encode()) or not low <= ckpt <= high:
             with self._lock:
                 self._parts[partition] = self._wipe(db, self.directory / f"p{partition}")
