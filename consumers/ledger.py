@@ -245,7 +245,7 @@ class Ledger:
                     tracker.advance_to(pos)
             ready = [tp for tp, res in self._results.items()
                      if (res.outputs or res.changes or res.seen)
-                     and tp in self.trackers and self.trackers[tp].safe_point() is not None]
+                     and tp in self.trackers]
             carrying = bool(ready)
             points = {tp: (t.safe_point() if carrying else t.commit_point())
                       for tp, t in self.trackers.items()}

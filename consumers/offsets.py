@@ -48,14 +48,20 @@ class OffsetTracker:
             return None
         return point
 
-    def safe_point(self) -> int | None:
-        """Offset safe to commit now, even if unchanged (None before the first record).
+    def safe_point(self) -> int:
+        """Offset safe to commit now, even if unchanged.
 
         Sent with every transaction that carries outputs from this partition, so the
         broker checks this worker still owns it (a transaction without offsets is not
-        checked against the group, and a zombie's outputs would be committed).
+        checked against the group, and a zombie's outputs would be committed). A partition
+        the group never committed and this worker has read nothing of is at 0, which is
+        where the group reads it from anyway (``auto.offset.reset=earliest``): its results
+        (parked jobs of a target whose records all came on the other tier) must commit too,
+        and used to wait for a record that might never come.
         """
-        return self._inflight[0] if self._inflight else self._next
+        if self._inflight:
+            return self._inflight[0]
+        return self._next if self._next is not None else 0
 
     def committed(self, offset: int) -> None:
         self._committed = offset

@@ -8,6 +8,7 @@ from consumers.ledger import Ledger, Pending
 from infra.kafka_io import Output
 
 TP = ("crawl.frontier", 0)
+HIGH = ("crawl.frontier.high", 0)
 NONE_SEEN: Any = lambda _p, _k: None  # noqa: E731
 
 
@@ -157,19 +158,23 @@ def test_a_worker_restarted_with_only_parked_work_commits_its_results() -> None:
     assert led.uncommitted == 0
 
 
-def test_results_without_an_offset_to_send_wait_instead_of_vanishing() -> None:
-    """A partition that has never been committed and has consumed nothing has no offset
-    to fence a transaction with: its results stay pending, never dropped."""
+def test_results_of_a_partition_never_committed_nor_read_commit_at_its_start() -> None:
+    """A partition the group never committed, of which this worker has read nothing (its
+    target's records all came on the other tier, then were parked): its results commit
+    with offset 0, where the group reads it from anyway. They used to wait for a position
+    that only a new record would give, and a worker with nothing more to read stood still
+    holding them (uncommitted, queue empty, lag never reaching 0)."""
     led = Ledger()
-    led.assign([TP])
+    led.assign([TP, HIGH])  # neither tier has a committed offset
     pj = Pending(TP, -1, led.epochs[TP], _job(), "default|http://a/", park_key=b"a\x00\x01k")
     assert led.finish(pj, [_out(1)], ("DONE", 0))
+    batch = led.take_commit({})
+    assert batch is not None and batch.offsets == {TP: 0, HIGH: 0}
+    assert [o.key for o in batch.outputs] == [b"k1"] and batch.jobs == 1
+    led.committed(batch)
+    assert led.completed == 0 and led.uncommitted == 0
+    # Nothing new since: no offsets to send, no empty transaction.
     assert led.take_commit({}) is None
-    assert led.completed == 1 and led.uncommitted == 1
-    assert led.is_duplicate(Pending(TP, 3, pj.epoch, pj.job, pj.key), NONE_SEEN)
-    batch = led.take_commit({TP: 12})  # the consumer now has a position
-    assert batch is not None and batch.offsets == {TP: 12}
-    assert [o.key for o in batch.outputs] == [b"k1"]
 
 
 def test_nothing_is_committed_after_a_failed_commit() -> None:
