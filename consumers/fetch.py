@@ -55,6 +55,7 @@ from consumers.runtime import (
     StatusFile,
     StopFlag,
     TxnCommitter,
+    on_kafka_thread,
     wait_for_kafka,
     worker_name,
 )
@@ -212,7 +213,7 @@ class _Session:
     # --- Kafka thread -------------------------------------------------------------------
 
     async def _kafka(self, fn: Callable[..., R], *args: Any) -> R:
-        return await self.loop.run_in_executor(self.kx, fn, *args)
+        return await self.loop.run_in_executor(self.kx, on_kafka_thread, fn, *args)
 
     def _setup(self) -> None:
         group = self.topo.group("fetch")

@@ -54,14 +54,24 @@ class Membership:
         ``on_revoke``/``on_lost`` ran. ``report`` hears the consumer's assignment after
         every change (an empty assignment too: the member has joined).
         """
-        def tell(c: Consumer) -> None:
+        # Kept from the callbacks' own partition sets: asking the consumer for its
+        # assignment inside a callback that ``close()`` serves raises librdkafka's _DESTROY
+        # as a non-exception object, which killed the thread that closed the consumer.
+        held: set[tuple[str, int]] = set()
+
+        def tell(parts: list[TopicPartition], gained: bool) -> None:
+            tps = {(tp.topic, tp.partition) for tp in parts}
+            if gained:
+                held.update(tps)
+            else:
+                held.difference_update(tps)
             if report is not None:
-                report.assigned(sorted((tp.topic, tp.partition) for tp in c.assignment()))
+                report.assigned(sorted(held))
 
         def assigned(c: Consumer, parts: list[TopicPartition]) -> None:
             full = self.expand(parts)
             c.incremental_assign(full)
-            tell(c)
+            tell(full, gained=True)
             if on_assign is not None:
                 on_assign(c, full)
 
@@ -72,7 +82,7 @@ class Membership:
                     on_revoke(c, full)
             finally:
                 c.incremental_unassign(full)
-                tell(c)
+                tell(full, gained=False)
 
         def lost(c: Consumer, parts: list[TopicPartition]) -> None:
             full = self.expand(parts)
@@ -82,6 +92,6 @@ class Membership:
                     handler(c, full)
             finally:
                 c.incremental_unassign(full)
-                tell(c)
+                tell(full, gained=False)
 
         consumer.subscribe(self.topics, on_assign=assigned, on_revoke=revoked, on_lost=lost)

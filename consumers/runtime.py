@@ -14,11 +14,12 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import (
     Consumer,
@@ -37,6 +38,7 @@ from infra import kafka_local
 from infra.kafka_io import Output, producer_conf, transaction_timeout_ms
 
 log = logging.getLogger("crawlfleet.runtime")
+R = TypeVar("R")
 
 
 class FencedError(CrawlfleetError):
@@ -203,6 +205,22 @@ class TxnCommitter:
             self.producer.flush(5)
         except KafkaException as exc:  # a fenced producer has nothing left worth flushing
             log.info("producer %s closed after: %s", self.transactional_id, exc)
+
+
+def on_kafka_thread(fn: Callable[..., R], *args: Any) -> R:
+    """``fn(*args)``, with anything it raises turned into an exception.
+
+    confluent-kafka can raise a bare ``KafkaError``, which is not an exception class (a
+    rebalance callback served by ``close()`` did): it passes every ``except`` clause but a
+    bare one, so a thread pool's worker thread died of it, the future it was running never
+    completed, and the stage awaited it for ever while ignoring SIGTERM.
+    """
+    try:
+        return fn(*args)
+    except BaseException:
+        raise
+    except:  # noqa: E722 -- the one way to catch a raised non-exception object
+        raise KafkaStageError(f"kafka client raised {sys.exc_info()[1]!r}") from None
 
 
 def _classify(exc: KafkaException) -> CrawlfleetError:
