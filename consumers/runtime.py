@@ -8,6 +8,7 @@ no worker's local clock ever decides who owns a partition.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -186,7 +187,8 @@ class TxnCommitter:
             if left <= 0:
                 raise self._late(what)
             try:
-                return call(left)
+                with CallWatch(self.producer, f"{self.transactional_id}: {what}", left):
+                    return call(left)
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
                 if not err.retriable() or err.txn_requires_abort():
@@ -205,6 +207,57 @@ class TxnCommitter:
             self.producer.flush(5)
         except KafkaException as exc:  # a fenced producer has nothing left worth flushing
             log.info("producer %s closed after: %s", self.transactional_id, exc)
+
+
+class CallWatch:
+    """Watches one transactional call that librdkafka may not return from in its timeout.
+
+    ``send_offsets_to_transaction`` ignores its timeout while the group coordinator it
+    cached sits on a broker librdkafka dropped (librdkafka#5456, #5511: after a whole-cluster
+    restart). Past its timeout the watch says so and refreshes the producer's metadata (the
+    refresh brings the brokers back, which wakes the coordinator lookup); a call still
+    stuck after ``HANG_EXIT_S`` cannot be cancelled, and the worker leaves the process so
+    its supervisor starts it again: its next producer fences this one and settles the
+    transaction, and its partitions' work is redone from the committed offsets.
+    """
+
+    NUDGE_EVERY_S = 5.0
+    HANG_EXIT_S = 120.0
+    EXIT_CODE = 75  # EX_TEMPFAIL: start me again
+
+    def __init__(self, producer: Producer, what: str, timeout_s: float) -> None:
+        self.producer = producer
+        self.what = what
+        self.timeout_s = timeout_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True,
+                                        name="txn-call-watch")
+
+    def __enter__(self) -> CallWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+
+    def _watch(self) -> None:
+        began = time.monotonic()
+        if self._done.wait(self.timeout_s + self.NUDGE_EVERY_S):
+            return
+        while not self._done.is_set():
+            waited = time.monotonic() - began
+            if waited >= self.HANG_EXIT_S:
+                log.critical("%s has not returned after %.0f s (its timeout: %.0f s; "
+                             "librdkafka#5456): the worker restarts", self.what, waited,
+                             self.timeout_s)
+                logging.shutdown()
+                os._exit(self.EXIT_CODE)
+            log.warning("%s has not returned after %.0f s (its timeout: %.0f s; "
+                        "librdkafka#5456): refreshing metadata", self.what, waited,
+                        self.timeout_s)
+            with contextlib.suppress(KafkaException):
+                self.producer.list_topics(timeout=self.NUDGE_EVERY_S)
+            self._done.wait(self.NUDGE_EVERY_S)
 
 
 def on_kafka_thread(fn: Callable[..., R], *args: Any) -> R:

@@ -94,7 +94,19 @@ def producer_conf(settings: Settings, client_id: str,
     if transactional_id:
         conf["transactional.id"] = transactional_id
         conf["transaction.timeout.ms"] = transaction_timeout_ms(settings)
+        # librdkafka 2.10+ drops brokers missing from a metadata response (all of them, for
+        # a moment, when the whole cluster restarts), and a group coordinator cached on a
+        # dropped broker is not looked up again until another broker changes state, while
+        # send_offsets_to_transaction ignores its timeout meanwhile (librdkafka#5456,
+        # #5511): the stage's polling thread stood still until the next metadata refresh,
+        # 5 min by default. A refresh every few seconds brings the brokers, and with them
+        # the coordinator lookup, back within seconds of the cluster's return.
+        conf["topic.metadata.refresh.interval.ms"] = TXN_METADATA_REFRESH_MS
     return conf
+
+
+#: How often a transactional producer refreshes its metadata (see producer_conf).
+TXN_METADATA_REFRESH_MS = 5000
 
 
 def transaction_timeout_ms(settings: Settings) -> int:

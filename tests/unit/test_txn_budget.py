@@ -7,12 +7,16 @@ test measures what the committer would block for without waiting for it.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from consumers.runtime import TxnAbortedError, TxnCommitter
+from consumers.runtime import CallWatch, TxnAbortedError, TxnCommitter
 from crawlfleet.errors import KafkaStageError
 from infra.kafka_io import Output
 
@@ -124,3 +128,44 @@ def test_a_full_producer_queue_is_bounded_by_the_same_budget(clock: _Clock) -> N
     with pytest.raises(KafkaStageError, match="queue stayed full"):
         _committer(producer).commit(_Consumer(), [Output("t", 0, b"k", b"v", [])], [])
     assert clock.now - began <= 30.0 + 0.1
+
+
+class _Nudged:
+    def __init__(self) -> None:
+        self.refreshes = 0
+
+    def list_topics(self, timeout: float) -> None:
+        self.refreshes += 1
+
+
+def test_a_call_past_its_timeout_gets_metadata_refreshes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """librdkafka#5456: send_offsets_to_transaction can outlive its timeout; a metadata
+    refresh brings back the brokers whose return wakes its coordinator lookup."""
+    monkeypatch.setattr(CallWatch, "NUDGE_EVERY_S", 0.05)
+    producer = _Nudged()
+    with CallWatch(producer, "send_offsets", 0.05):  # type: ignore[arg-type]
+        time.sleep(0.6)  # the call that does not return in time
+    assert producer.refreshes >= 2
+    quiet = _Nudged()
+    with CallWatch(quiet, "commit", 5.0):  # type: ignore[arg-type]
+        time.sleep(0.1)  # returns within its timeout: left alone
+    assert quiet.refreshes == 0
+
+
+def test_a_call_that_never_returns_ends_the_worker_for_its_supervisor(tmp_path: Path) -> None:
+    script = (
+        "import time\n"
+        "from consumers.runtime import CallWatch\n"
+        "class P:\n"
+        "    def list_topics(self, timeout): pass\n"
+        "CallWatch.NUDGE_EVERY_S = 0.05\n"
+        "CallWatch.HANG_EXIT_S = 0.3\n"
+        "with CallWatch(P(), 'send_offsets', 0.05):\n"
+        "    time.sleep(10)\n"
+        "print('returned')\n")
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=30, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == CallWatch.EXIT_CODE, done.stderr
+    assert "returned" not in done.stdout and "the worker restarts" in done.stderr
+    assert time.monotonic() - began < 10  # it did not wait for the call
