@@ -11,6 +11,7 @@ result was applied twice and nothing was lost. Measured figures are printed as
 from __future__ import annotations
 
 import collections
+import contextlib
 import re
 import time
 from collections.abc import Callable
@@ -133,18 +134,20 @@ def test_stolen_lease_zombie_commit_is_fenced(settings: Settings,
     s0 = settings.replace(session_timeout_ms=LEASE_MS, rate_cap=20.0, scope="seeds",
                           request_timeout_s=SLOW_S + 15)
     bench_ips = [f"127.0.0.{2 + k}" for k in range(4)]
-    # With range assignment fetch-0 (sorted first) owns partitions 0 and 1 of each topic.
-    slow_ips = _hosts_in_partitions([0, 1], s0.topic_partitions, bench_ips)
+    # A slow host for every partition: the ones the zombie turns out to own get a slow page
+    # (the cooperative-sticky assignor does not promise which two partitions each gets).
+    slow_ips = _hosts_in_partitions(list(range(s0.topic_partitions)), s0.topic_partitions,
+                                    bench_ips)
     port = free_port(bench_ips + slow_ips, 18700)
     spec = bench_spec(port, pages=300, hosts=4, page_bytes=4000)
     s = s0.replace(allowed_targets=bench_ips + slow_ips)
     slow_body = b"<html><head><title>Slow</title></head><body><p>slow</p></body></html>"
-    slow_sites = [CountingServer(ip, port, {"/slow.html": (200, slow_body)},
+    every_slow = [CountingServer(ip, port, {"/slow.html": (200, slow_body)},
                                  {"/slow.html": SLOW_S}) for ip in slow_ips]
-    slow_urls = [site.url("/slow.html") for site in slow_sites]
-    expected = {**spec.expected(), **dict.fromkeys(slow_urls, 200)}
     topo, ws, started = _provisioned(s, fleet)
-    with DemoSite(spec) as site, slow_sites[0], slow_sites[1]:
+    with DemoSite(spec) as site, contextlib.ExitStack() as stack:
+        for server in every_slow:
+            stack.enter_context(server)
         ws.start_pipeline(fetch=2)
         wait_until(lambda: len([m for m, tps in group_assignment(s, "fetch").items() if tps])
                    == 2, 60, "both fetch workers to own partitions")
@@ -152,7 +155,11 @@ def test_stolen_lease_zombie_commit_is_fenced(settings: Settings,
                          if (topo.frontier, 0) in tps)
         zombie = ws.all[zombie_id]
         survivor = ws.all["fetch-1" if zombie_id == "fetch-0" else "fetch-0"]
-        assert {p for _, p in group_assignment(s, "fetch")[zombie_id]} == {0, 1}
+        zombie_parts = {p for _, p in group_assignment(s, "fetch")[zombie_id]}
+        assert len(zombie_parts) == s.topic_partitions // 2, zombie_parts
+        slow_sites = [every_slow[p] for p in sorted(zombie_parts)]
+        slow_urls = [site.url("/slow.html") for site in slow_sites]
+        expected = {**spec.expected(), **dict.fromkeys(slow_urls, 200)}
         publish_seeds(s, slow_urls + spec.seeds())  # the slow pages first: oldest in flight
 
         wait_until(lambda: zombie.counter("fetched") >= 20
