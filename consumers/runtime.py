@@ -132,7 +132,8 @@ class TxnCommitter:
                 key = (msg.topic(), msg.partition())
                 written[key] = max(written.get(key, -1), offset)
 
-        self._run("begin_transaction", lambda _t: self.producer.begin_transaction(), deadline)
+        self._run("begin_transaction", lambda _t: self.producer.begin_transaction(), deadline,
+                  watch=False)
         try:
             for o in outputs:
                 self._produce(o, delivered if o.topic in track else None, deadline)
@@ -179,14 +180,19 @@ class TxnCommitter:
             if err.fatal():
                 raise FencedError(f"abort failed fatally: {err}") from exc
 
-    def _run(self, what: str, call: Callable[[float], Any], deadline: float) -> Any:
-        """``call(timeout)`` until it succeeds, a non-retriable error, or ``deadline``."""
+    def _run(self, what: str, call: Callable[[float], Any], deadline: float,
+             watch: bool = True) -> Any:
+        """``call(timeout)`` until it succeeds, a non-retriable error, or ``deadline``;
+        ``watch`` a call that asks a broker (a local one, begin_transaction, needs no
+        watcher thread)."""
         attempt = 0
         while True:
             left = deadline - self.clock()
             if left <= 0:
                 raise self._late(what)
             try:
+                if not watch:
+                    return call(left)
                 with CallWatch(self.producer, f"{self.transactional_id}: {what}", left):
                     return call(left)
             except KafkaException as exc:
