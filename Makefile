@@ -5,6 +5,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+BENCH_STAMP := $(VENV)/.bench-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+# setuptools explains editable installs in a ten-line warning on every install: not news.
+QUIET_PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q
 
 .PHONY: sysdeps setup demo test lint bench soak clean-cache
 
@@ -14,11 +17,17 @@ sysdeps:
 	  (echo "installing Java and Maven (apt-get)"; apt-get update -qq && \
 	   apt-get install -y -qq openjdk-17-jre-headless maven >/dev/null)
 
+# The demo and the tests need the dev extra only; the benchmark's peer (Scrapy) is
+# installed by `make bench` alone.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,bench]'
+	$(QUIET_PIP) --upgrade pip
+	$(QUIET_PIP) -e '.[dev]'
 	@rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+$(BENCH_STAMP): $(STAMP)
+	$(QUIET_PIP) -e '.[dev,bench]'
+	@rm -f $(VENV)/.bench-* && touch $(BENCH_STAMP)
 
 setup: sysdeps $(STAMP)
 
@@ -38,7 +47,7 @@ test: lint
 	    echo "the test process died while running $$(cat .crawlfleet/current-test)"; \
 	  exit $$rc; }
 
-bench: setup
+bench: setup $(BENCH_STAMP)
 	$(BIN)/python -m bench.crawl_bench --pages 10000
 
 # The fault soak: rounds of the 3-broker chaos scenario with mixed faults, each appended to

@@ -97,14 +97,28 @@ class QueueSampler:
             self._thread.start()
 
     def stop(self) -> None:
+        """Stop sampling, with one last sample on the way out (when the thread ended): a
+        crawl shorter than one interval still shows its rate, and its queues' final state
+        (drained, after a drained crawl) is the newest row, not a sample from mid-crawl."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
+        if self.interval > 0 and self._thread.ident is not None and \
+                not self._thread.is_alive():
+            try:
+                self.write(self.sample() + self.held_work(), time.time(), final=True)
+            except (CrawlfleetError, KafkaException, ClickHouseError, OSError) as exc:
+                log.warning("final queue sample lost: %s", exc)
         self._probe.close()
         if self._reader is not None:
             self._reader.close()
 
     def _run(self) -> None:
+        try:  # where every group stands now: the first sample then has a rate
+            self._previous = {(x.stage, x.topic): (time.time(), x.consumed)
+                              for x in self.sample()}
+        except (CrawlfleetError, KafkaException, OSError) as exc:
+            log.warning("queue baseline not taken (the first rate reads 0): %s", exc)
         while not self._stop.wait(self._delay()):
             try:
                 self.write(self.sample() + self.held_work(), time.time())
@@ -181,10 +195,12 @@ class QueueSampler:
             self._reader.unassign()
         return oldest
 
-    def write(self, samples: list[Sample], now: float) -> None:
+    def write(self, samples: list[Sample], now: float, final: bool = False) -> None:
+        """One row per sample at its interval's bucket; ``final`` rows at ``now`` itself (a
+        bucket of their own: the bucket's earlier sample is not replaced by a partial one)."""
         if not samples:
             return
-        bucket = now - (now % self.interval) if self.interval > 0 else now
+        bucket = now if final or self.interval <= 0 else now - (now % self.interval)
         per_s = rates(self._previous, samples, now)
         self._previous = {(s.stage, s.topic): (now, s.consumed) for s in samples}
         ts = datetime.fromtimestamp(bucket, UTC)
@@ -193,4 +209,6 @@ class QueueSampler:
              s.behind, round(max(0.0, now - s.oldest_ms / 1000.0), 3)
              if s.oldest_ms is not None else 0.0, self.worker)
             for s in samples]
-        self.store.insert("queue_samples", SAMPLE_COLUMNS, rows, f"queue_samples|{bucket:.0f}")
+        token = f"queue_samples|final|{self.worker}|{now:.3f}" if final else \
+            f"queue_samples|{bucket:.0f}"
+        self.store.insert("queue_samples", SAMPLE_COLUMNS, rows, token)

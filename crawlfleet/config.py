@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import ipaddress
+import logging
 import os
 import re
 import tomllib
@@ -50,6 +51,21 @@ class Secret:
 
     def __hash__(self) -> int:
         return hash(self._value)
+
+
+#: Where this process's Kafka clients send librdkafka's own log lines; None leaves them on
+#: stderr (a worker's stderr is its log file). See :func:`route_kafka_logs`.
+_kafka_logger: logging.Logger | None = None
+
+
+def route_kafka_logs(logger: logging.Logger | None) -> None:
+    """Send librdkafka's log lines of every client made from now on to ``logger``.
+
+    The CLI's one-shot commands do, so a broker that does not answer never floods the
+    terminal with connection-refused lines; the command says so itself, once.
+    """
+    global _kafka_logger
+    _kafka_logger = logger
 
 
 #: The longest one retry waits (a site's Retry-After is capped to it).
@@ -196,6 +212,8 @@ class Settings:
     def kafka_common(self) -> dict[str, Any]:
         """librdkafka settings shared by every client (security included)."""
         conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
+        if _kafka_logger is not None:
+            conf["logger"] = _kafka_logger
         if self.kafka_security_protocol:
             conf["security.protocol"] = self.kafka_security_protocol
         if self.kafka_sasl_mechanism:
@@ -206,6 +224,15 @@ class Settings:
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **{k: _coerce_field(k, v) for k, v in changes.items()})
+
+
+#: Every setting's default value, by field name (what ``--help`` shows for an option left out).
+def _default_of(f: dataclasses.Field[Any]) -> Any:
+    factory: Any = f.default_factory
+    return f.default if factory is dataclasses.MISSING else factory()
+
+
+SETTING_DEFAULTS: dict[str, Any] = {f.name: _default_of(f) for f in fields(Settings)}
 
 
 def _problems(s: Settings) -> list[str]:

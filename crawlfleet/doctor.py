@@ -240,7 +240,7 @@ def store_owner_check(s: Settings) -> Check:
     if s.clickhouse_dsn.get():
         return Check(name, "a ClickHouse server", NA)
     if not s.clickhouse_path.exists():
-        return Check(name, f"no store at {s.clickhouse_path}", NA)
+        return Check(name, f"no store at {s.clickhouse_path.resolve()}", NA)
     owner = StoreOwnership(s)
     if not owner.lock.held():
         return Check(name, "no store worker runs", OK if not (
@@ -300,6 +300,16 @@ def seen_retention_ms(s: Settings) -> int | None:
     return int(configs["retention.ms"].value)
 
 
+def kafka_check(s: Settings) -> Check:
+    """Whether the configured (or local) Kafka answers: the first thing a stalled fleet needs."""
+    from crawlfleet.crawl import reach_kafka
+    try:
+        where = reach_kafka(s).bootstrap_servers
+    except CrawlfleetError as exc:
+        return Check("kafka", "unreachable", FAIL, str(exc))
+    return Check("kafka", f"answers at {where}", OK, "")
+
+
 def diagnose(s: Settings, window_s: float,
              kafka: bool = True) -> tuple[list[Check], Durations | None]:
     """The checks for ``s`` with the store's durations (none if the store cannot say) and,
@@ -325,6 +335,10 @@ def diagnose(s: Settings, window_s: float,
                       "share of the leases is not sized from evidence"))
     results = checks(s, durations, txn_ms)
     if kafka:
+        reach = kafka_check(s)
+        note.insert(0, reach)
+        if reach.verdict == FAIL:
+            return [*note, *results], durations
         try:
             retention = seen_retention_check(s, seen_retention_ms(s))
         except CrawlfleetError as exc:

@@ -32,7 +32,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import date, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from clickhouse_connect.driver.insert import InsertContext
 
 from crawlfleet.config import Settings
 from crawlfleet.errors import ConfigError, InfraError, QueryError, RetryableError
+from crawlfleet.timefmt import iso_utc
 
 log = logging.getLogger("crawlfleet.clickhouse")
 
@@ -338,7 +339,7 @@ def _statements(text: str) -> list[str]:
 
 def _jsonable(v: Any) -> Any:
     if isinstance(v, datetime):
-        return (v if v.tzinfo else v.replace(tzinfo=UTC)).isoformat()
+        return iso_utc(v)
     if isinstance(v, date):
         return v.isoformat()
     if isinstance(v, bytes):
@@ -427,8 +428,10 @@ def _run_query(settings: Settings, sql: str, wait_s: float,
         return _local_query(Store(settings), sql)
     path = settings.clickhouse_path
     if not path.exists():
-        raise ConfigError(f"no crawl store at {path}; run a crawl first "
-                          "or pass --data-dir / --clickhouse")
+        raise ConfigError(f"no crawl store at {path.resolve()} (the data dir is relative to "
+                          "where you run the command): run a crawl first, run from the "
+                          "crawl's directory, or point at its store with --data-dir "
+                          "(CRAWLFLEET_DATA_DIR) or --clickhouse")
     deadline = time.monotonic() + wait_s
     told = False
     while True:
