@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -32,7 +31,8 @@ from confluent_kafka.admin import AdminClient
 from consumers.runtime import holds_work
 from crawlfleet.config import Settings
 from crawlfleet.crawl import settings_env
-from infra.clickhouse import PORT_FILE, run_query
+from crawlfleet.errors import CrawlfleetError
+from infra.clickhouse import PORT_FILE, query_owner, run_query
 from infra.kafka_io import topology_of
 from infra.lag import LagProbe
 from infra.topics import create_topics
@@ -283,12 +283,8 @@ def store_ready(settings: Settings) -> bool:
     its endpoint only, as a stale port file left by a killed worker would otherwise make
     run_query open the path here)."""
     try:
-        port = int((settings.clickhouse_path / PORT_FILE).read_text())
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/", data=b"SELECT 1",
-                                     method="POST")
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return bool(json.loads(resp.read()).get("rows") == [[1]])
-    except (OSError, ValueError):
+        return query_owner(settings.clickhouse_path, "SELECT 1")[1] == [[1]]
+    except (OSError, ValueError, CrawlfleetError):
         return False
 
 

@@ -9,7 +9,6 @@ lives, and a store worker that finds the store held waits, says who holds it, an
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -37,7 +36,8 @@ from fleet_helpers import (
 
 from crawlfleet.config import Settings
 from crawlfleet.crawl import settings_env
-from infra.clickhouse import PORT_FILE
+from crawlfleet.errors import CrawlfleetError
+from infra.clickhouse import query_owner
 
 pytestmark = pytest.mark.integration
 
@@ -72,12 +72,8 @@ def serves(settings: Settings, worker: Worker) -> bool:
     if not worker.alive() or st.get("pid") != worker.pid or st.get("waiting"):
         return False
     try:
-        port = int((settings.clickhouse_path / PORT_FILE).read_text())
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/", data=b"SELECT 1",
-                                     method="POST")
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return bool(json.loads(resp.read())["rows"] == [[1]])
-    except (OSError, ValueError, KeyError):
+        return query_owner(settings.clickhouse_path, "SELECT 1")[1] == [[1]]
+    except (OSError, ValueError, KeyError, CrawlfleetError):
         return False
 
 
