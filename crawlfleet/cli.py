@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
 from crawlfleet.config import (
@@ -128,9 +129,20 @@ def _on_cluster(s: Settings) -> Settings:
     return adopt_partitions(reach_kafka(s))
 
 
+def _error(text: str) -> None:
+    """``error: text`` on stderr; ``text`` is printed as it is (never parsed as markup)."""
+    err_console.print(Text.assemble(("error:", "red"), " ", text))
+
+
 def _fail(exc: CrawlfleetError) -> None:
-    err_console.print(f"[red]error:[/red] {exc}")
+    _error(str(exc))
     raise typer.Exit(2)
+
+
+def cell(value: Any) -> Text:
+    """A table cell of data (a URL, a title, an engine's message): plain text, so a crawled
+    ``[/]`` or ``[link=...]`` is shown as written, never run as markup."""
+    return Text(str(value))
 
 
 # --- kafka ---------------------------------------------------------------------------------
@@ -217,7 +229,7 @@ def publish_cmd(source: Annotated[str, typer.Argument(
             with open(source, encoding="utf-8", errors="replace") as fh:
                 report = publish(fh, s)
     except OSError as exc:
-        err_console.print(f"[red]error:[/red] cannot read {source}: {exc}")
+        _error(f"cannot read {source}: {exc}")
         raise typer.Exit(2) from exc
     except TopicsMissingError as exc:
         _print_bad_lines(exc.report)
@@ -235,7 +247,7 @@ def publish_cmd(source: Annotated[str, typer.Argument(
 
 def _print_bad_lines(report: Any) -> None:
     for line, reason in report.errors:
-        err_console.print(f"line {line}: {reason}")
+        err_console.print(f"line {line}: {reason}", markup=False, highlight=False)
 
 
 # --- workers -------------------------------------------------------------------------------
@@ -269,8 +281,7 @@ def worker_cmd(stage: Annotated[str, typer.Argument(metavar="STAGE",
     from consumers.runtime import StopFlag, worker_name
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if stage not in STAGE_NAMES:
-        err_console.print(f"[red]error:[/red] unknown stage {stage!r}: "
-                          + ", ".join(STAGE_NAMES))
+        _error(f"unknown stage {stage!r}: " + ", ".join(STAGE_NAMES))
         raise typer.Exit(2)
     try:
         s = _settings(config, bootstrap=bootstrap, clickhouse=clickhouse,
@@ -340,7 +351,7 @@ def _stage(stage: str, s: Settings, worker_id: str | None, stop: Any) -> Any:
     if stage == "retry":
         from consumers.retry import RetryStage
         return RetryStage(s, worker_id, stop)
-    err_console.print(f"[red]error:[/red] unknown stage {stage!r}: fetch, parse, store, retry")
+    _error(f"unknown stage {stage!r}: fetch, parse, store, retry")
     raise typer.Exit(2)
 
 
@@ -390,7 +401,7 @@ def crawl_cmd(seeds: Annotated[str, typer.Argument(
         summary = crawl.run_crawl(s, lines, plan, console=err_console, timeout_s=timeout,
                                   keep_topics=keep_topics)
     except OSError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        _error(str(exc))
         raise typer.Exit(2) from exc
     except CrawlfleetError as exc:
         _fail(exc)
@@ -424,7 +435,8 @@ def _toggle(paused: bool, target: str | None, config: Path | None, bootstrap: st
         send(_control_settings(config, bootstrap, topic_prefix), target)
     except CrawlfleetError as exc:
         _fail(exc)
-    console.print(f"{'paused' if paused else 'resumed'} {target or 'the whole fleet'}")
+    console.print(f"{'paused' if paused else 'resumed'} {target or 'the whole fleet'}",
+                  markup=False)
 
 
 @command("pause")
@@ -451,13 +463,13 @@ def cap_cmd(target: Annotated[str, typer.Argument(metavar="TARGET", help="Target
     """Set a live per-target rate cap for the whole fleet (through crawl.control)."""
     from producers import control
     if rate is not None and rate <= 0:
-        err_console.print("[red]error:[/red] rate must be > 0")
+        _error("rate must be > 0")
         raise typer.Exit(2)
     try:
         control.set_cap(_control_settings(config, bootstrap, topic_prefix), target, rate)
     except CrawlfleetError as exc:
         _fail(exc)
-    console.print(f"cap for {target}: {rate if rate is not None else 'cleared'}")
+    console.print(f"cap for {target}: {rate if rate is not None else 'cleared'}", markup=False)
 
 
 # --- chaos ---------------------------------------------------------------------------------
@@ -609,8 +621,7 @@ def sql_cmd(query: Annotated[str | None, typer.Argument(
         return
     if view is not None:
         if view not in views:
-            err_console.print(f"[red]error:[/red] no view {view!r}; views: "
-                              + ", ".join(views))
+            _error(f"no view {view!r}; views: " + ", ".join(views))
             raise typer.Exit(2)
         try:
             query = expand(views[view].sql, parse_duration(since))
@@ -623,10 +634,11 @@ def sql_cmd(query: Annotated[str | None, typer.Argument(
         cols, rows = run_query(s, query, on_wait=lambda text: err_console.print(
             f"[yellow]{escape(text)}[/yellow]"))
     except QueryError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        _error(str(exc))
         try:
             _, names = run_query(s, "SHOW TABLES")
-            err_console.print("tables and views: " + ", ".join(str(n[0]) for n in names))
+            err_console.print("tables and views: " + ", ".join(str(n[0]) for n in names),
+                              markup=False)
         except CrawlfleetError:
             pass
         raise typer.Exit(2) from None
@@ -643,7 +655,7 @@ def sql_cmd(query: Annotated[str | None, typer.Argument(
     else:
         t = Table(*cols)
         for r in rows:
-            t.add_row(*(str(v) for v in r))
+            t.add_row(*(cell(v) for v in r))
         console.print(t)
 
 
@@ -702,7 +714,7 @@ def _dlq_filters(reason: str | None, target: str | None, since: str | None) -> A
 def _print_rows(cols: Any, rows: Any) -> None:
     t = Table(*cols)
     for r in rows:
-        t.add_row(*(str(v) for v in r))
+        t.add_row(*(cell(v) for v in r))
     console.print(t)
 
 
@@ -757,7 +769,8 @@ def dlq_replay(reason: ReasonOpt = None, target: TargetOpt = None, since: SinceO
         _fail(exc)
         return
     for job, dead_id in zip(plan.jobs, plan.ids, strict=True):
-        console.print(f"{'would replay' if dry_run else 'replayed'} {dead_id} {job['url']}")
+        console.print(f"{'would replay' if dry_run else 'replayed'} {dead_id} {job['url']}",
+                      markup=False, highlight=False)
     console.print(f"{len(plan.jobs)} {'to replay' if dry_run else 'replayed'}, "
                   f"{plan.superseded} older dead letters of the same pages, "
                   f"{plan.unreplayable} without a job (undecodable records)")
@@ -812,7 +825,8 @@ def doctor_cmd(config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
     t = Table("check", "value", "verdict", "fix", title="crawlfleet doctor")
     colour = {doctor.OK: "green", doctor.WARN: "yellow", doctor.FAIL: "red"}
     for c in results:
-        t.add_row(c.name, c.value, f"[{colour.get(c.verdict, 'dim')}]{c.verdict}[/]", c.fix)
+        t.add_row(cell(c.name), cell(c.value),
+                  Text(c.verdict, style=colour.get(c.verdict, "dim")), cell(c.fix))
     console.print(t)
     if doctor.failed(results):
         raise typer.Exit(1)
@@ -861,7 +875,7 @@ def demo_cmd(port: Annotated[int, typer.Option(
         return
     t = Table(*cols, title="pages by target and status (SELECT ... FROM pages_v)")
     for r in rows:
-        t.add_row(*(str(v) for v in r))
+        t.add_row(*(cell(v) for v in r))
     console.print(t)
     hint = 'crawlfleet sql "SELECT url, title FROM pages_v LIMIT 10"'
     console.print(f"query more with: {hint}" + (f" --data-dir {data_dir}" if data_dir else ""))

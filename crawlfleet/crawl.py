@@ -241,7 +241,7 @@ def _crawl(settings: Settings, seeds: list[str], plan: Plan, console: Console,
         published_wall = time.time()
         report = publish(seeds, settings)
         for line, reason in report.errors:
-            console.print(f"[yellow]seed line {line}: {reason}")
+            console.print(f"seed line {line}: {reason}", style="yellow", markup=False)
         drained = _watch(settings, fleet, console, timeout_s, started)
         elapsed = time.monotonic() - started
         return _summarise(settings, report, start_wall, elapsed, drained, fleet,

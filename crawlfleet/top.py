@@ -234,7 +234,7 @@ def render(snap: Snapshot) -> RenderableType:
         for col in ("worker", "code", "fetcher", "requests", "success", "blocked"):
             wt.add_column(col)
         for w in snap.workers:
-            wt.add_row(*(str(w[c]) for c in ("worker", "code", "fetcher", "requests",
+            wt.add_row(*(Text(str(w[c])) for c in ("worker", "code", "fetcher", "requests",
                                               "success", "blocked")))
         parts.append(wt)
     if snap.targets:
@@ -242,7 +242,8 @@ def render(snap: Snapshot) -> RenderableType:
         for col in ("target", "requests", "block_rate", "retry_rate"):
             tt.add_column(col)
         for t in snap.targets:
-            tt.add_row(*(str(t[c]) for c in ("target", "requests", "block_rate", "retry_rate")))
+            tt.add_row(*(Text(str(t[c])) for c in ("target", "requests", "block_rate",
+                                                    "retry_rate")))
         parts.append(tt)
     dead = ", ".join(f"{r} {n}" for r, n in snap.dead.items()) or "none"
     parts.append(Text(f"dead letters (last {RECENT_S // 60} min): {dead}"))

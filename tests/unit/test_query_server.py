@@ -111,7 +111,7 @@ def test_the_cli_path_sends_the_token_and_is_read_only_too(
         served: tuple[Settings, Store]) -> None:
     s, _ = served
     assert run_query(s, "SELECT 41 + 1")[1] == [[42]]
-    with pytest.raises(CrawlfleetError, match="READONLY|readonly"):
+    with pytest.raises(CrawlfleetError, match=r"READONLY|readonly"):
         run_query(s, "DROP TABLE pages")
     assert query_owner(s.clickhouse_path, "SELECT count() FROM pages")[1] == [[0]]
 
@@ -152,6 +152,6 @@ def test_no_owner_the_reader_opens_the_store_read_only(tmp_path: Path,
     store = Store(s)
     store.ensure_schema()
     store.close()
-    with pytest.raises(CrawlfleetError, match="READONLY|readonly"):
+    with pytest.raises(CrawlfleetError, match=r"READONLY|readonly"):
         run_query(s, "DROP TABLE pages")
     assert run_query(s, "SELECT count() FROM system.tables WHERE name = 'pages'")[1] == [[1]]
