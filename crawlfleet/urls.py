@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
+import ada_url
 from w3lib.url import canonicalize_url
 
 from crawlfleet.errors import ForbiddenAddressError, InvalidURLError
@@ -51,6 +52,8 @@ def _already_canonical(url: str) -> bool:
     if m is None or len(url) > MAX_URL_LENGTH or "xn--" in m[2] or len(m[2]) > 253 \
             or "/." in m[4]:  # dot segments are resolved by w3lib
         return False
+    if ends_in_number(m[2]) and not _is_ip(m[2]):  # 2130706433, 127.1: an address, spelt
+        return False
     port = m[3]
     return port is None or (int(port) <= 65535 and int(port) != DEFAULT_PORTS[m[1]])
 
@@ -71,6 +74,8 @@ def _canonicalize(url: str) -> str:
         port = parts.port
     except ValueError as exc:  # bad port, bad IPv6 literal
         raise InvalidURLError(f"malformed URL {url!r}: {exc}") from exc
+    if not _is_ip(host) and ends_in_number(host):
+        host = _whatwg_ipv4(host, url)
     try:
         host = host.encode("idna").decode("ascii").lower() if not _is_ip(host) else host
     except UnicodeError as exc:
@@ -90,6 +95,31 @@ def _canonicalize(url: str) -> str:
 
 
 _canonicalize_cached = lru_cache(maxsize=1 << 16)(_canonicalize)
+
+_NUMBER_LABEL = re.compile(r"[0-9]+|0[xX][0-9a-fA-F]*")
+
+
+def ends_in_number(host: str) -> bool:
+    """WHATWG's "ends in a number": the host's last label (a trailing dot dropped) is
+    digits or ``0x`` hex, so a browser reads the whole host as an IPv4 address."""
+    labels = host.split(".")
+    if len(labels) > 1 and labels[-1] == "":
+        labels.pop()
+    return bool(_NUMBER_LABEL.fullmatch(labels[-1]))
+
+
+def _whatwg_ipv4(host: str, url: str) -> str:
+    """The dotted quad a browser connects to for ``host`` (``2130706433``, ``127.1``,
+    ``0177.0.0.1``, ``127.000.000.001``, ``127.0.0.1.``, ``0x7f.1`` are all 127.0.0.1), by the
+    WHATWG host parser (ada): one spelling, so one dedupe key, target and policy decision."""
+    try:
+        parsed = ada_url.URL(f"http://{host}/").hostname
+    except ValueError as exc:
+        raise InvalidURLError(f"host of {url!r} ends in a number but is no IPv4 address"
+                              ) from exc
+    if not _is_ip(parsed):  # never: the parser returns an address or fails
+        raise InvalidURLError(f"host of {url!r} is not an IPv4 address: {parsed!r}")
+    return str(parsed)
 
 #: WHATWG's forbidden domain code points (C0 controls, space, ``#%/:<>?@[\\]^|``, DEL).
 _FORBIDDEN_HOST_CHARS = frozenset(chr(c) for c in range(0x21)) | frozenset("#%/:<>?@[\\]^|\x7f")
@@ -196,9 +226,11 @@ def _embedded_ipv4(addr: _IPAddr) -> list[ipaddress.IPv4Address]:
 
 
 def _public(addr: _IPAddr) -> bool:
+    # fec0::/10 (site-local, deprecated but routed inside sites) is what Python calls global.
+    site_local = isinstance(addr, ipaddress.IPv6Address) and addr.is_site_local
     return addr.is_global and not (addr.is_private or addr.is_loopback or addr.is_link_local
                                    or addr.is_multicast or addr.is_reserved
-                                   or addr.is_unspecified)
+                                   or addr.is_unspecified or site_local)
 
 
 def address_is_public(ip: str) -> bool:
