@@ -60,6 +60,7 @@ from consumers.runtime import (
     worker_name,
 )
 from consumers.scheduler import TargetScheduler
+from consumers.scope import OUT_OF_SCOPE, REROUTE, recheck
 from consumers.seen import SeenStore
 from consumers.slow_start import SlowStart
 from consumers.state_store import StateStore
@@ -71,7 +72,7 @@ from crawlfleet.errors import (
     KafkaStageError,
     RobotsDisallowedError,
 )
-from crawlfleet.urls import canonicalize
+from crawlfleet.urls import canonicalize, target_of
 from crawlfleet.windows import parse_windows, seconds_until_open
 from infra.kafka_io import (
     Encoder,
@@ -207,6 +208,7 @@ class _Session:
         self.committer: TxnCommitter | None = None
         self.slow_start = SlowStart(floor=150)  # outputs (~3 per page) per transaction
         self.share_ceiling = max(1, self.s.max_buffered // 2)
+        self._allowed = frozenset(self.s.allowed_targets)
         self.deferred_until: dict[str, float] = {}  # for the deferred_targets gauge
         self.status.gauge_fns["deferred_targets"] = self._deferred_targets
 
@@ -541,6 +543,11 @@ class _Session:
                 self._finish_raw(tp, offset, epoch, [
                     self.enc.dead(job, None, tp[0], exc.reason, str(exc), job["attempt"])])
                 continue
+            verdict = recheck(job, scope=self.s.scope, target_mode=self.s.target_mode,
+                              allowed=self._allowed)
+            if verdict is not None:
+                self._misplaced(tp, offset, epoch, job, verdict)
+                continue
             pj = Pending(tp, offset, epoch, job, job_dedupe_key(job))
             if self.ledger.is_duplicate(pj, self.seen.get):
                 self.status.add("skipped_seen")
@@ -865,6 +872,22 @@ class _Session:
             changes.append((pj.tp[1], pj.park_key, None))
         if not self.ledger.finish(pj, outputs, seen, changes) and pj.park_key is not None:
             self.parked.untake(pj.park_key)
+
+    def _misplaced(self, tp: TP, offset: int, epoch: int, job: dict[str, Any],
+                   verdict: str) -> None:
+        """A job today's rules place elsewhere: sent on under its URL's own target (its cap,
+        its partition), or dead-lettered ``out_of_scope`` -- never fetched here as it was."""
+        if verdict == REROUTE:
+            job = {**job, "target": target_of(job["url"], self.s.target_mode)}
+            topic = self.topo.frontier_high if job.get("priority", 0) > 0 \
+                else self.topo.frontier
+            if self.ledger.finish_raw(tp, offset, epoch, [self.enc.job(topic, job)]):
+                self.status.add("rerouted")
+            return
+        self.status.metrics.dead_letter(OUT_OF_SCOPE)
+        self._finish_raw(tp, offset, epoch, [self.enc.dead(
+            job, None, tp[0], OUT_OF_SCOPE, f"{job['url']} is out of scope {self.s.scope!r} "
+            f"of the page that led to it ({job.get('parent_url')})", job["attempt"])])
 
     def _finish_raw(self, tp: TP, offset: int, epoch: int, outputs: list[Any]) -> None:
         if self.ledger.finish_raw(tp, offset, epoch, outputs):

@@ -754,16 +754,25 @@ def dlq_show(event_id: Annotated[str, typer.Argument(metavar="ID", help="Id from
 def dlq_replay(reason: ReasonOpt = None, target: TargetOpt = None, since: SinceOpt = None,
                dry_run: Annotated[bool, typer.Option(
                    "--dry-run", help="Show what would go. [default: off]")] = False,
+               all_: Annotated[bool, typer.Option(
+                   "--all", help="With no --reason, --target or --since: replay every dead "
+                   "letter that can succeed. [default: off]")] = False,
                config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
                topic_prefix: PrefixOpt = None, clickhouse: ClickhouseOpt = None,
                data_dir: DataDirOpt = None) -> None:
     """Put the selected dead jobs back on the frontier: fresh attempts, a replay mark, the
-    normal robots, cap and dedupe path. Replaying the same selection again is a no-op."""
+    normal robots, cap, scope and dedupe path. Replaying the same selection again is a
+    no-op. robots_disallowed and address_not_allowed are replayed only when --reason names
+    them (nothing but a change of the site or the settings can cure them)."""
     from crawlfleet import dlq
     try:
         s = _settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix,
                       clickhouse=clickhouse, data_dir=data_dir)
         filters = _dlq_filters(reason, target, since)
+        if filters.empty and not all_:
+            _error("no filter: this would replay every dead letter; name --reason, --target "
+                   "or --since, or pass --all")
+            raise typer.Exit(2)
         plan, report = dlq.replay(s if dry_run else _on_cluster(s), filters, dry_run)
     except CrawlfleetError as exc:
         _fail(exc)

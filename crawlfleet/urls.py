@@ -14,6 +14,7 @@ from functools import lru_cache
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import ada_url
+from publicsuffixlist import PublicSuffixList
 from w3lib.url import canonicalize_url
 
 from crawlfleet.errors import ForbiddenAddressError, InvalidURLError
@@ -149,8 +150,9 @@ def origin_of(url: str) -> str:
 def target_of(url: str, mode: str = "host") -> str:
     """The politeness unit of a canonical URL: its host, or its registrable domain.
 
-    ``domain`` mode approximates the registrable domain by the last two labels (three when
-    the second-level label is a common public suffix like ``co.uk``); IP hosts stay whole.
+    ``domain`` mode takes the registrable domain from the Public Suffix List (its private
+    section included: ``a.github.io`` and ``b.github.io`` are two sites); IP hosts, and hosts
+    that are a public suffix themselves (``localhost``, ``co.uk``), stay whole.
     """
     return _target_of_cached(url, mode) if len(url) <= _CACHED_URL_LENGTH \
         else _target_of(url, mode)
@@ -160,17 +162,22 @@ def _target_of(url: str, mode: str) -> str:
     host = host_of(url)
     if mode == "host" or _is_ip(host):
         return host
-    labels = host.split(".")
-    if len(labels) <= 2:
-        return host
-    keep = 3 if labels[-2] in _SECOND_LEVEL_SUFFIXES and len(labels[-1]) == 2 else 2
-    return ".".join(labels[-keep:])
+    return registrable_domain(host)
+
+
+@lru_cache(maxsize=1)
+def _suffixes() -> PublicSuffixList:
+    return PublicSuffixList()  # the snapshot bundled with the pinned package: no download
+
+
+def registrable_domain(host: str) -> str:
+    """``host``'s registrable domain by the Public Suffix List (the host if it has none)."""
+    return _suffixes().privatesuffix(host.rstrip(".")) or host
 
 
 _target_of_cached = lru_cache(maxsize=1 << 16)(_target_of)
 
 
-_SECOND_LEVEL_SUFFIXES = frozenset({"co", "com", "net", "org", "ac", "gov", "edu", "ne", "or"})
 
 
 def resolve_link(base: str, href: str) -> str | None:

@@ -138,6 +138,11 @@ def test_the_escape_hatch_and_dead_letter_commands_as_an_operator_runs_them(
         f"{settings.topic_prefix}crawl.dead:0:7", datetime.now(UTC), job["url"], "127.0.0.2",
         "default", f"{settings.topic_prefix}crawl.frontier", "http_503", "HTTP 503 from x", 3,
         "fetch-0", "0.1.0", "00", json.dumps(job))], "t1")
+    barred = {**job, "url": "http://127.0.0.2:18099/private/x", "last_error": None}
+    st.insert("dead_letters", DEAD_COLUMNS, [(
+        f"{settings.topic_prefix}crawl.dead:0:8", datetime.now(UTC), barred["url"],
+        "127.0.0.2", "default", f"{settings.topic_prefix}crawl.frontier", "robots_disallowed",
+        "robots.txt disallows it", 1, "fetch-0", "0.1.0", "00", json.dumps(barred))], "t2")
     st.close()
     listed = _cli(env, "dlq", "list", "--reason", "http_503", "--since", "1h")
     assert listed.returncode == 0, listed.stderr
@@ -151,6 +156,13 @@ def test_the_escape_hatch_and_dead_letter_commands_as_an_operator_runs_them(
     dry = _cli(env, "dlq", "replay", "--reason", "http_503", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert "would replay" in dry.stdout and "1 to replay" in dry.stdout
+    unfiltered = _cli(env, "dlq", "replay", "--dry-run")
+    assert unfiltered.returncode == 2 and "--all" in unfiltered.stderr
+    every = _cli(env, "dlq", "replay", "--all", "--dry-run")
+    assert every.returncode == 0, every.stderr
+    assert "1 to replay" in every.stdout and "private/x" not in every.stdout  # can't succeed
+    named = _cli(env, "dlq", "replay", "--reason", "robots_disallowed", "--dry-run")
+    assert "1 to replay" in named.stdout and "private/x" in named.stdout
 
 
 def test_publish_before_topics_create_says_so_at_once_with_the_bad_lines(

@@ -71,8 +71,8 @@ def test_no_url_canonical_before_has_a_new_key_or_target() -> None:
             continue  # never emitted before: numeric spellings are the change itself
         assert canonicalize(row["raw"]) == before, row
         assert canonicalize(before) == before, row
-        assert target_of(before) == row["target"] and target_of(before, "domain") == \
-            row["domain"], row
+        assert target_of(before) == row["target"], row  # domain mode changed on purpose:
+        # the Public Suffix List replaced a heuristic (tests/unit/test_registrable_domain.py)
         checked += 1
     assert checked >= 2500
 
