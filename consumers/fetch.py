@@ -187,7 +187,9 @@ class _Session:
         self.sweep_at = 0.0
         self.parked = ParkedQueues(StateStore("parked", stage.state_dir("parked")),
                                    self.topo.partitions)
-        self.robots = RobotsCache(self.s.robots_agent, self.s.robots_ttl_s, self._on_robots)
+        self.robots = RobotsCache(self.s.robots_agent, self.s.robots_ttl_s, self._on_robots,
+                                  max_origins=self.s.max_target_state)
+        self.forget_at = 0.0
         self.robots_interval: dict[str, float] = {}
         # Targets deferred long enough to have gone to disk: refill them when this is due.
         self.wake_at: list[tuple[float, str]] = []
@@ -505,9 +507,11 @@ class _Session:
                 await self._kafka(self._commit)
                 last_commit = now
             self._sweep_parked(now)
+            self._forget_idle(now)
             self._report()
 
     def _report(self) -> None:
+        self.status.gauges.update(self.memory_counts())
         self.status.gauges.update(inflight=self.running, queued=len(self.sched),
                                   parked=self.parked.total(), seen_keys=len(self.seen),
                                   uncommitted=self.ledger.uncommitted,
@@ -663,6 +667,31 @@ class _Session:
                 self.status.add("refill_sweeps")
                 self._refill(target)
                 self.wake.set()
+
+    def _forget_idle(self, now: float) -> None:
+        """Bounded memory per target (main loop): idle targets are forgotten every
+        ``SWEEP_EVERY_S``, and at once when more than ``max_target_state`` are known. Only
+        targets with no work whose next request is allowed anyway (no cap is loosened); a
+        degraded target's health stays until it was idle ``target_idle_s``."""
+        bound = self.s.max_target_state
+        if now < self.forget_at and self.sched.slot_count <= bound:
+            return
+        self.forget_at = now + SWEEP_EVERY_S
+        forgotten = self.sched.evict_idle(now, self.s.target_idle_s, bound)
+        for target, idle_for in forgotten:
+            self.robots_interval.pop(target, None)
+            self.robots.forget_target(target)
+            h = self.health.get(target)
+            if h is not None and (not h.degraded or idle_for >= self.s.target_idle_s):
+                del self.health[target]
+        if forgotten:
+            self.status.add("targets_forgotten", len(forgotten))
+
+    def memory_counts(self) -> dict[str, int]:
+        """Sizes of the per-target maps, each bounded by ``max_target_state``."""
+        return {"target_slots": self.sched.slot_count, "robots_rules": len(self.robots),
+                "robots_intervals": len(self.robots_interval),
+                "target_health": len(self.health)}
 
     # --- rates: cap, robots, adaptive -----------------------------------------------------
 

@@ -125,6 +125,13 @@ class Settings:
     target_buffer_s: float = 5.0
     target_buffer_floor: int = 8
     #: Statuses that mean the site blocks us: outcome ``blocked``, the target slows down.
+    #: Targets a fetch worker keeps state for (scheduler slot, Crawl-delay, robots.txt
+    #: rules; health too unless it is degraded): beyond this the longest-idle ones are
+    #: forgotten (only those with no work and whose next request is allowed anyway), so a
+    #: site minting host names cannot grow a worker without bound.
+    max_target_state: int = 10_000
+    #: A target idle this long is forgotten whatever the count (a degraded one too).
+    target_idle_s: float = 600.0
     block_statuses: tuple[int, ...] = (403,)
     request_timeout_s: float = 20.0
     connect_timeout_s: float = 5.0
@@ -246,12 +253,13 @@ def _problems(s: Settings) -> list[str]:
     if s.partitions < 0:
         out.append("partitions must be >= 1 (or 0 = automatic)")
     for name in ("replication", "max_inflight", "max_buffered", "max_attempts",
-                 "store_batch_rows", "max_inflight_per_target", "target_buffer_floor"):
+                 "store_batch_rows", "max_inflight_per_target", "target_buffer_floor",
+                 "max_target_state"):
         if getattr(s, name) < 1:
             out.append(f"{name} must be >= 1")
     for name in ("rate_cap", "request_timeout_s", "connect_timeout_s", "commit_interval_s",
                  "robots_ttl_s", "seen_ttl_s", "store_batch_wait_s", "target_buffer_s",
-                 "restore_timeout_s"):
+                 "restore_timeout_s", "target_idle_s"):
         if getattr(s, name) <= 0:
             out.append(f"{name} must be > 0")
     if s.sample_interval_s < 0:
