@@ -809,6 +809,23 @@ def trace_cmd(url: Annotated[str, typer.Argument(metavar="URL", help="The URL to
         _print_rows(trace.COLUMNS, [e.row() for e in events])
 
 
+# --- schema --------------------------------------------------------------------------------
+
+
+@command("schema")
+def schema_cmd(cluster: Annotated[str | None, typer.Option(
+                   help=setting_help("Print the schema of this ClickHouse cluster (ON CLUSTER, "
+                                     "Replicated*MergeTree, Distributed tables).",
+                                     "clickhouse_cluster", "none: one server's schema"))
+               ] = None) -> None:
+    """Print the store's DDL: what the store worker runs on start (from infra/sql)."""
+    from infra.cluster_schema import render, render_embedded
+    try:
+        sys.stdout.write(render(cluster) if cluster else render_embedded())
+    except CrawlfleetError as exc:
+        _fail(exc)
+
+
 # --- doctor --------------------------------------------------------------------------------
 
 

@@ -80,6 +80,10 @@ class Settings:
     bootstrap_servers: str = ""
     #: ClickHouse DSN (``http://user:pw@host:8123/db``); empty means embedded chDB under data_dir.
     clickhouse_dsn: Secret = field(default_factory=lambda: Secret(""))
+    #: ClickHouse cluster of the server (``--clickhouse`` DSN): with a name, the store makes
+    #: the cluster schema (``ON CLUSTER``, replicated tables, Distributed tables for reads and
+    #: inserts; ``crawlfleet schema --cluster NAME`` prints it); empty: one server.
+    clickhouse_cluster: str = ""
     #: Root of local state: Kafka jars/data, chDB store, worker status files.
     data_dir: Path = Path(".crawlfleet")
     #: Extra librdkafka settings for every client, e.g. ``security.protocol``.
@@ -246,6 +250,11 @@ def _problems(s: Settings) -> list[str]:
     out: list[str] = []
     if s.target_mode not in ("host", "domain"):
         out.append(f"target_mode must be 'host' or 'domain', not {s.target_mode!r}")
+    if not re.fullmatch(r"[A-Za-z0-9_]*", s.clickhouse_cluster):
+        out.append("clickhouse_cluster may only contain letters, digits and '_'")
+    if s.clickhouse_cluster and not s.clickhouse_dsn.get():
+        out.append("clickhouse_cluster needs a ClickHouse server (clickhouse_dsn): the "
+                   "embedded store is one process")
     if not re.fullmatch(r"[A-Za-z0-9._-]*", s.topic_prefix):
         out.append("topic_prefix may only contain letters, digits, '.', '_' and '-'")
     if s.scope not in ("same-target", "seeds", "any"):

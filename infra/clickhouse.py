@@ -46,6 +46,7 @@ from clickhouse_connect.driver.insert import InsertContext
 from crawlfleet.config import Settings
 from crawlfleet.errors import ConfigError, InfraError, QueryError, RetryableError
 from crawlfleet.timefmt import iso_utc
+from infra.cluster_schema import cluster_statements
 
 log = logging.getLogger("crawlfleet.clickhouse")
 
@@ -245,6 +246,7 @@ class Store:
         self._lock = threading.Lock()
         self._contexts: dict[tuple[str, tuple[str, ...]], InsertContext] = {}
         self.embedded = not settings.clickhouse_dsn.get()
+        self.cluster = settings.clickhouse_cluster if not self.embedded else ""
         self.path = settings.clickhouse_path
         self._open_lock: PathLock | None = None
         if self.embedded:
@@ -254,7 +256,11 @@ class Store:
                 self._client = clickhouse_connect.get_client(interface="chdb",
                                                              path=str(self.path))
             else:
-                self._client = clickhouse_connect.get_client(dsn=settings.clickhouse_dsn.get())
+                # On a cluster, inserts go through Distributed tables synchronously, so each
+                # batch's deduplication token reaches the shard's replicated table.
+                extra = {"insert_distributed_sync": 1} if self.cluster else None
+                self._client = clickhouse_connect.get_client(
+                    dsn=settings.clickhouse_dsn.get(), settings=extra)
         except Exception as exc:  # chDB/driver raise many types; surface one clear error
             if self._open_lock is not None:
                 self._open_lock.release()
@@ -278,6 +284,12 @@ class Store:
         return lock
 
     def ensure_schema(self) -> None:
+        """The tables and views, made or brought up to date (idempotent); on a cluster, its
+        schema (:mod:`infra.cluster_schema`, from the same source)."""
+        if self.cluster:
+            for stmt in cluster_statements(self.cluster):
+                self.command(stmt)
+            return
         for name in ("schema.sql", "dashboards.sql"):
             for stmt in _statements((SQL_DIR / name).read_text()):
                 self.command(stmt)
