@@ -237,6 +237,10 @@ class Settings:
         return dataclasses.replace(self, **{k: _coerce_field(k, v) for k, v in changes.items()})
 
 
+#: Settings that hold secrets: never logged, and readable from a file
+#: (``CRAWLFLEET_<NAME>_FILE``).
+SECRET_FIELDS = frozenset({"clickhouse_dsn", "kafka_sasl_password"})
+
 #: Every setting's default value, by field name (what ``--help`` shows for an option left out).
 def _default_of(f: dataclasses.Field[Any]) -> Any:
     factory: Any = f.default_factory
@@ -406,6 +410,14 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         if name.lower() in names and name == name.upper():
             values[name.lower()] = env
             sources[name.lower()] = key
+        elif name.endswith("_FILE") and name[:-5].lower() in SECRET_FIELDS \
+                and name == name.upper():
+            # A secret from a file (Docker and Kubernetes secrets): CRAWLFLEET_<NAME>_FILE.
+            try:
+                values[name[:-5].lower()] = Path(env).read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"{key}: cannot read {env}: {exc.strerror}") from exc
+            sources[name[:-5].lower()] = key
         elif name not in RESERVED_ENV:
             unknown_env.append(key)
     if unknown_env:
