@@ -52,6 +52,7 @@ from consumers.robots import UNREACHABLE_RETRY_S
 from consumers.robots_cache import RobotsCache
 from consumers.runtime import (
     FencedError,
+    PollGaps,
     StatusFile,
     StopFlag,
     TxnCommitter,
@@ -211,6 +212,7 @@ class _Session:
         self.slow_start = SlowStart(floor=150)  # outputs (~3 per page) per transaction
         self.share_ceiling = max(1, self.s.max_buffered // 2)
         self._allowed = frozenset(self.s.allowed_targets)
+        self.poll_gaps = PollGaps(self.status)
         self.deferred_until: dict[str, float] = {}  # for the deferred_targets gauge
         self.status.gauge_fns["deferred_targets"] = self._deferred_targets
 
@@ -427,6 +429,7 @@ class _Session:
         self.paused, self.ctl_paused = full, self.control.state.paused
         if changed:
             self.loop.call_soon_threadsafe(self._apply_control)
+        self.poll_gaps.tick()
         return consume_ready(self.consumer, 500, timeout)
 
     def _apply_control(self) -> None:

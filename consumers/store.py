@@ -42,6 +42,7 @@ from consumers.membership import Membership
 from consumers.runtime import (
     WAIT_FIRST_S,
     WAIT_LOG_EVERY_S,
+    PollGaps,
     StatusFile,
     StopFlag,
     worker_name,
@@ -172,6 +173,7 @@ class StoreStage:
         self.stop = stop if stop is not None else StopFlag()
         self.codec = default_codec()
         self.status = StatusFile(settings.status_dir, self.stage, self.worker)
+        self.poll_gaps = PollGaps(self.status)
         self.store: Store  # opened by run(), once it is available
         self._ownership = StoreOwnership(settings) if not settings.clickhouse_dsn.get() \
             else None
@@ -280,6 +282,7 @@ class StoreStage:
                 break
             timeout = 0.2 if deadline is None else min(deadline - now, _QUIET_S)
             got = False
+            self.poll_gaps.tick()
             for msg in consume_ready(consumer, min(1000, rows - len(batch)), timeout):
                 err = msg.error()
                 if err is None:
