@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from clickhouse_connect.driver.exceptions import ClickHouseError
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from consumers.runtime import StatusFile
@@ -42,6 +41,8 @@ from schemas.topics import STAGES
 
 #: The store worker's gauges of work the broker holds (see :meth:`QueueSampler.held_work`).
 HELD_GAUGES = ("live_parked", "live_timers", "unsettled_partitions")
+#: How long a stopping store worker waits for the sampler's final sample.
+FINAL_SAMPLE_WAIT_S = 5.0
 
 log = logging.getLogger("crawlfleet.sampler")
 
@@ -97,18 +98,19 @@ class QueueSampler:
             self._thread.start()
 
     def stop(self) -> None:
-        """Stop sampling, with one last sample on the way out (when the thread ended): a
-        crawl shorter than one interval still shows its rate, and its queues' final state
-        (drained, after a drained crawl) is the newest row, not a sample from mid-crawl."""
+        """Stop sampling, with one last sample on the way out (taken by the sampler's own
+        thread): a crawl shorter than one interval still shows its rate, and its queues'
+        final state (drained, after a drained crawl) is the newest row. A stop waits at most
+        ``FINAL_SAMPLE_WAIT_S`` for it (a broker that is down cannot hold the worker's exit);
+        a sample still running then keeps its clients (closing them under a call could
+        crash it) and ends with the process."""
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=30)
-        if self.interval > 0 and self._thread.ident is not None and \
-                not self._thread.is_alive():
-            try:
-                self.write(self.sample() + self.held_work(), time.time(), final=True)
-            except (CrawlfleetError, KafkaException, ClickHouseError, OSError) as exc:
-                log.warning("final queue sample lost: %s", exc)
+            self._thread.join(timeout=FINAL_SAMPLE_WAIT_S)
+        if self._thread.is_alive():
+            log.warning("final queue sample still running after %.0f s: left to the exit",
+                        FINAL_SAMPLE_WAIT_S)
+            return
         self._probe.close()
         if self._reader is not None:
             self._reader.close()
@@ -120,10 +122,14 @@ class QueueSampler:
         except (CrawlfleetError, KafkaException, OSError) as exc:
             log.warning("queue baseline not taken (the first rate reads 0): %s", exc)
         while not self._stop.wait(self._delay()):
-            try:
-                self.write(self.sample() + self.held_work(), time.time())
-            except (CrawlfleetError, KafkaException, ClickHouseError, OSError) as exc:
-                log.warning("queue sample lost (the store stage goes on): %s", exc)
+            self._sample_once(final=False)
+        self._sample_once(final=True)
+
+    def _sample_once(self, final: bool) -> None:
+        try:
+            self.write(self.sample() + self.held_work(), time.time(), final=final)
+        except Exception as exc:  # telemetry: a lost sample never stops the store stage
+            log.warning("queue sample lost (the store stage goes on): %s", exc)
 
     def _delay(self) -> float:
         """Until the next bucket boundary, so samples line up across workers."""
