@@ -7,6 +7,7 @@ report; ``make test`` then prints the test this file names, with the assertion l
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,3 +31,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     real broker (each takes seconds): the progress moves from the start, and a broken rule
     shows before the long part. Stable otherwise: files keep their order."""
     items.sort(key=lambda item: "integration" in item.keywords)
+
+
+@pytest.fixture(autouse=True)
+def _kafka_logs_unrouted() -> Iterator[None]:
+    """A CLI command run in-process routes librdkafka's lines for the whole process
+    (``route_kafka_logs``): undo it, so each test's clients log as a worker's do."""
+    yield
+    from crawlfleet.config import route_kafka_logs
+    route_kafka_logs(None)
