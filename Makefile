@@ -5,6 +5,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+DEV_STAMP := $(VENV)/.dev-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 BENCH_STAMP := $(VENV)/.bench-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 # setuptools explains editable installs in a ten-line warning on every install: not news.
 QUIET_PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q
@@ -17,15 +18,19 @@ sysdeps:
 	  (echo "installing Java and Maven (apt-get)"; apt-get update -qq && \
 	   apt-get install -y -qq openjdk-17-jre-headless maven >/dev/null)
 
-# The demo and the tests need the dev extra only; the benchmark's peer (Scrapy) is
-# installed by `make bench` alone.
+# The demo needs the package alone; the tests add the dev extra (pytest, linters, manifest
+# validators); the benchmark's peer (Scrapy) is installed by `make bench` alone.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(QUIET_PIP) --upgrade pip
-	$(QUIET_PIP) -e '.[dev]'
+	$(QUIET_PIP) -e .
 	@rm -f $(VENV)/.installed-* && touch $(STAMP)
 
-$(BENCH_STAMP): $(STAMP)
+$(DEV_STAMP): $(STAMP)
+	$(QUIET_PIP) -e '.[dev]'
+	@rm -f $(VENV)/.dev-* && touch $(DEV_STAMP)
+
+$(BENCH_STAMP): $(DEV_STAMP)
 	$(QUIET_PIP) -e '.[dev,bench]'
 	@rm -f $(VENV)/.bench-* && touch $(BENCH_STAMP)
 
@@ -34,7 +39,7 @@ setup: sysdeps $(STAMP)
 demo: setup
 	$(BIN)/crawlfleet demo
 
-lint: setup
+lint: setup $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
