@@ -31,3 +31,14 @@ def test_the_set_up_section_says_what_the_first_run_downloads() -> None:
     text = " ".join(_section("Two commands").split())
     assert "Maven Central" in text and "downloads" in text
     assert "make bench" in text  # the benchmark's peer is not part of the set-up
+
+
+def test_make_demo_installs_the_package_alone_without_the_warning_wall() -> None:
+    import shutil
+    import subprocess
+    assert shutil.which("make"), "make runs the two set-up commands"
+    plan = subprocess.run(["make", "-n", "-B", "demo"], cwd=README.parent, capture_output=True,
+                          text=True, check=True).stdout
+    installs = [ln for ln in plan.splitlines() if "pip install" in ln]
+    assert installs and all("bench" not in ln and "[dev" not in ln for ln in installs), installs
+    assert all('PYTHONWARNINGS="ignore:Editable installation"' in ln for ln in installs)
