@@ -215,3 +215,27 @@ def test_top_on_an_idle_broker_says_no_workers(settings: Settings) -> None:
     assert "fleet no workers" in proc.stdout, proc.stdout
     assert "fleet running" not in proc.stdout and "quarantine" not in proc.stdout
     assert not re.search(r"│\s*0:", proc.stdout), proc.stdout
+
+
+def test_the_dashboards_after_a_drained_crawl_read_as_drained(
+        settings: Settings, site_port: int, tmp_path: Path) -> None:
+    """README's first steps, as typed: a crawl that drains, then the two dashboards a new
+    user looks at first. Queue depth ends at 0 and throughput shows the fetching."""
+    import json
+
+    spec = demo_spec(site_port)
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text("\n".join(spec.seeds()) + "\n")
+    env = _env(settings)
+    with DemoSite(spec):
+        crawl = _cli(env, "crawl", str(seeds), "--allow-private", timeout=300)
+    assert crawl.returncode == 0, crawl.stdout + crawl.stderr
+    depth = _cli(env, "sql", "--view", "queue_depth", "--format", "json")
+    assert depth.returncode == 0, depth.stderr
+    last: dict[str, int] = {}
+    for row in json.loads(depth.stdout):  # ordered by time
+        last[row["stage"]] = int(row["lag"])
+    assert last == {"fetch": 0, "parse": 0, "store": 0, "retry": 0}, depth.stdout
+    rates = _cli(env, "sql", "--view", "throughput", "--format", "json")
+    fetch = [float(r["records_per_s"]) for r in json.loads(rates.stdout) if r["stage"] == "fetch"]
+    assert fetch and max(fetch) > 0, rates.stdout
