@@ -278,6 +278,16 @@ app()
 # --- store -----------------------------------------------------------------------------------
 
 
+def slow_sql(seconds: int) -> str:
+    """A read-only query that holds the engine about ``seconds`` (a multiple of 3): chDB caps
+    one sleep at 3 s, and readers may not set ``max_block_size`` (they run ``readonly``), so
+    the sleeps are nested, each level waiting for the one below it."""
+    sql = "SELECT sleep(3) AS x"
+    for _ in range(max(1, seconds // 3) - 1):
+        sql = f"SELECT sleep(3) + x AS x FROM ({sql})"
+    return f"SELECT x AS s FROM ({sql})"  # one column, s: 0
+
+
 def store_ready(settings: Settings) -> bool:
     """The store process is serving queries (never open chDB in the test process: asked over
     its endpoint only, as a stale port file left by a killed worker would otherwise make

@@ -188,7 +188,7 @@ def test_an_unreachable_broker_is_one_clear_line_for_every_one_shot_command(
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         where = f"127.0.0.1:{sock.getsockname()[1]}"
-    env = _env(settings, CRAWLFLEET_BOOTSTRAP_SERVERS=where)
+    env = {**_env(settings), "CRAWLFLEET_BOOTSTRAP_SERVERS": where}
     commands = (["top", "--once"], ["publish", "-"], ["pause"], ["topics", "create"],
                 ["doctor"])
     began = time.monotonic()

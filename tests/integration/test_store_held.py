@@ -29,6 +29,7 @@ from fleet_helpers import (
     page_counts,
     publish_seeds,
     report,
+    slow_sql,
     stored_pages,
     wait_drained,
     wait_until,
@@ -41,9 +42,8 @@ from infra.clickhouse import query_owner
 
 pytestmark = pytest.mark.integration
 
-#: A query a person might leave running: 12 s, one row a second (chDB caps a sleep at 3 s
-#: per block, so one row per block).
-SLOW_SQL = "SELECT sum(sleepEachRow(1)) AS s FROM numbers(12) SETTINGS max_block_size = 1"
+#: A query a person might leave running: 12 s.
+SLOW_SQL = slow_sql(12)
 
 
 def cli_env(settings: Settings, **extra: str) -> dict[str, str]:
