@@ -11,6 +11,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Fuzzing: CI runs the same examples every time ("ci": derandomized, no example database);
+# HYPOTHESIS_PROFILE=nightly explores new inputs for as long as it is given, and keeps what
+# it finds in .hypothesis/ so a failure found once is tried first on the next run.
+settings.register_profile("ci", max_examples=300, deadline=None, derandomize=True,
+                          database=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("nightly", max_examples=100_000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 #: Where the nodeid of the running test is kept (``make test`` reads it after a crash).
 CURRENT = Path(os.environ.get("CRAWLFLEET_CURRENT_TEST", ".crawlfleet/current-test"))
