@@ -809,6 +809,38 @@ def trace_cmd(url: Annotated[str, typer.Argument(metavar="URL", help="The URL to
         _print_rows(trace.COLUMNS, [e.row() for e in events])
 
 
+# --- plan ----------------------------------------------------------------------------------
+
+
+@command("plan")
+def plan_cmd(pages_per_day: Annotated[float, typer.Option(
+                 help="Pages to crawl a day.")],
+             targets: Annotated[int, typer.Option(help="Targets (hosts) crawled.")],
+             cap: Annotated[float | None, typer.Option(help=setting_help(
+                 "Requests per second per target.", "rate_cap"))] = None,
+             page_bytes: Annotated[float | None, typer.Option(
+                 help="Mean page size, bytes. [default: the measured site's]")] = None,
+             costs: Annotated[Path | None, typer.Option(
+                 help="Measured per-page costs (python -m bench.cost_bench). "
+                 "[default: infra/costs.json]")] = None) -> None:
+    """A capacity plan from measured per-page costs: partitions, workers per stage, broker
+    and ClickHouse load, and what saturates first."""
+    from crawlfleet import plan as plan_mod
+    try:
+        measured = plan_mod.Costs.load(costs or plan_mod.COSTS)
+        limits = plan_mod.NodeLimits(page_bytes=page_bytes)
+        rate = cap if cap is not None else _settings(None).rate_cap
+        result = plan_mod.plan(pages_per_day, targets, rate, measured, limits)
+    except CrawlfleetError as exc:
+        _fail(exc)
+        return
+    t = Table("what", "figure", title=f"plan: {pages_per_day:,.0f} pages/day over "
+              f"{targets:,} targets at {rate:g} req/s")
+    for what, figure in plan_mod.render(result, measured, limits):
+        t.add_row(cell(what), cell(figure))
+    console.print(t)
+
+
 # --- schema --------------------------------------------------------------------------------
 
 

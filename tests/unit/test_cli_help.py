@@ -53,6 +53,9 @@ def test_each_option_says_its_default_and_its_variable(path: list[str],
         assert record is not None, param.name
         opts, text = record
         assert text.strip(), f"{' '.join(path)} {opts}: no description"
+        if param.required:
+            assert "required" in text, f"{' '.join(path)} {opts}: {text!r}"
+            continue
         assert "default" in text, f"{' '.join(path)} {opts}: no default shown: {text!r}"
         setting = ALIASES.get(str(param.name), str(param.name))
         if param.default is None and setting in SETTING_DEFAULTS:

@@ -57,3 +57,21 @@ def test_costs_come_from_a_measured_file(tmp_path: Path) -> None:
         "seen_bytes_per_key": 40.0, "store_bytes_per_page": 3000.0, "page_bytes": 12000.0,
         "measured": COSTS.measured}))
     assert Costs.load(path) == COSTS
+
+
+def test_the_plan_command_prints_the_plan_or_says_where_costs_come_from(
+        tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from crawlfleet.cli import app
+    missing = CliRunner().invoke(app, ["plan", "--pages-per-day", "1e9", "--targets",
+                                       "10000000", "--costs", str(tmp_path / "none.json")])
+    assert missing.exit_code == 2 and "bench.cost_bench" in missing.output
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({
+        "cpu_s_per_page": COSTS.cpu_s, "topic_bytes_per_page": COSTS.topic_bytes,
+        "seen_bytes_per_key": 40.0, "store_bytes_per_page": 3000.0, "page_bytes": 12000.0,
+        "measured": COSTS.measured}))
+    out = CliRunner().invoke(app, ["plan", "--pages-per-day", "1e9", "--targets", "10000000",
+                                   "--costs", str(path)], env={"COLUMNS": "200"}).output
+    assert "11,574" in out and "fetch workers" in out and "saturates first" in out
