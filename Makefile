@@ -5,6 +5,10 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+DEV_STAMP := $(VENV)/.dev-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+BENCH_STAMP := $(VENV)/.bench-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+# setuptools explains editable installs in a ten-line warning on every install: not news.
+QUIET_PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q
 
 .PHONY: sysdeps setup demo test lint bench soak clean-cache
 
@@ -14,18 +18,28 @@ sysdeps:
 	  (echo "installing Java and Maven (apt-get)"; apt-get update -qq && \
 	   apt-get install -y -qq openjdk-17-jre-headless maven >/dev/null)
 
+# The demo needs the package alone; the tests add the dev extra (pytest, linters, manifest
+# validators); the benchmark's peer (Scrapy) is installed by `make bench` alone.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,bench]'
+	$(QUIET_PIP) --upgrade pip
+	$(QUIET_PIP) -e .
 	@rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+$(DEV_STAMP): $(STAMP)
+	$(QUIET_PIP) -e '.[dev]'
+	@rm -f $(VENV)/.dev-* && touch $(DEV_STAMP)
+
+$(BENCH_STAMP): $(DEV_STAMP)
+	$(QUIET_PIP) -e '.[dev,bench]'
+	@rm -f $(VENV)/.bench-* && touch $(BENCH_STAMP)
 
 setup: sysdeps $(STAMP)
 
 demo: setup
 	$(BIN)/crawlfleet demo
 
-lint: setup
+lint: setup $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
@@ -38,7 +52,7 @@ test: lint
 	    echo "the test process died while running $$(cat .crawlfleet/current-test)"; \
 	  exit $$rc; }
 
-bench: setup
+bench: setup $(BENCH_STAMP)
 	$(BIN)/python -m bench.crawl_bench --pages 10000
 
 # The fault soak: rounds of the 3-broker chaos scenario with mixed faults, each appended to

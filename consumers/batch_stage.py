@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from consumers.membership import Membership
 from consumers.runtime import (
     FencedError,
+    PollGaps,
     StatusFile,
     StopFlag,
     TxnCommitter,
@@ -66,6 +67,7 @@ class BatchStage(ABC):
         self.stop = stop if stop is not None else StopFlag()
         self.encoder = Encoder(self.topology, self.worker)
         self.status = StatusFile(settings.status_dir, self.stage, self.worker)
+        self.poll_gaps = PollGaps(self.status)
         self._paused_until: dict[tuple[str, int], float] = {}
         self._committed: dict[tuple[str, int], int] = {}
         self._revoked: set[tuple[str, int]] = set()  # since the last gather
@@ -131,6 +133,7 @@ class BatchStage(ABC):
         processed and committed, so transactions get fuller exactly when commits would
         otherwise cost the most; when lightly loaded, nothing waits for a batch to fill.
         """
+        self.poll_gaps.tick()
         return consume_ready(consumer, self.batch_size, 0.2)
 
     @property

@@ -52,6 +52,7 @@ from consumers.robots import UNREACHABLE_RETRY_S
 from consumers.robots_cache import RobotsCache
 from consumers.runtime import (
     FencedError,
+    PollGaps,
     StatusFile,
     StopFlag,
     TxnCommitter,
@@ -60,6 +61,7 @@ from consumers.runtime import (
     worker_name,
 )
 from consumers.scheduler import TargetScheduler
+from consumers.scope import OUT_OF_SCOPE, REROUTE, recheck
 from consumers.seen import SeenStore
 from consumers.slow_start import SlowStart
 from consumers.state_store import StateStore
@@ -71,7 +73,7 @@ from crawlfleet.errors import (
     KafkaStageError,
     RobotsDisallowedError,
 )
-from crawlfleet.urls import canonicalize
+from crawlfleet.urls import canonicalize, target_of
 from crawlfleet.windows import parse_windows, seconds_until_open
 from infra.kafka_io import (
     Encoder,
@@ -186,7 +188,9 @@ class _Session:
         self.sweep_at = 0.0
         self.parked = ParkedQueues(StateStore("parked", stage.state_dir("parked")),
                                    self.topo.partitions)
-        self.robots = RobotsCache(self.s.robots_agent, self.s.robots_ttl_s, self._on_robots)
+        self.robots = RobotsCache(self.s.robots_agent, self.s.robots_ttl_s, self._on_robots,
+                                  max_origins=self.s.max_target_state)
+        self.forget_at = 0.0
         self.robots_interval: dict[str, float] = {}
         # Targets deferred long enough to have gone to disk: refill them when this is due.
         self.wake_at: list[tuple[float, str]] = []
@@ -207,6 +211,8 @@ class _Session:
         self.committer: TxnCommitter | None = None
         self.slow_start = SlowStart(floor=150)  # outputs (~3 per page) per transaction
         self.share_ceiling = max(1, self.s.max_buffered // 2)
+        self._allowed = frozenset(self.s.allowed_targets)
+        self.poll_gaps = PollGaps(self.status)
         self.deferred_until: dict[str, float] = {}  # for the deferred_targets gauge
         self.status.gauge_fns["deferred_targets"] = self._deferred_targets
 
@@ -423,6 +429,7 @@ class _Session:
         self.paused, self.ctl_paused = full, self.control.state.paused
         if changed:
             self.loop.call_soon_threadsafe(self._apply_control)
+        self.poll_gaps.tick()
         return consume_ready(self.consumer, 500, timeout)
 
     def _apply_control(self) -> None:
@@ -503,9 +510,11 @@ class _Session:
                 await self._kafka(self._commit)
                 last_commit = now
             self._sweep_parked(now)
+            self._forget_idle(now)
             self._report()
 
     def _report(self) -> None:
+        self.status.gauges.update(self.memory_counts())
         self.status.gauges.update(inflight=self.running, queued=len(self.sched),
                                   parked=self.parked.total(), seen_keys=len(self.seen),
                                   uncommitted=self.ledger.uncommitted,
@@ -540,6 +549,11 @@ class _Session:
                 self.status.metrics.dead_letter(exc.reason)
                 self._finish_raw(tp, offset, epoch, [
                     self.enc.dead(job, None, tp[0], exc.reason, str(exc), job["attempt"])])
+                continue
+            verdict = recheck(job, scope=self.s.scope, target_mode=self.s.target_mode,
+                              allowed=self._allowed)
+            if verdict is not None:
+                self._misplaced(tp, offset, epoch, job, verdict)
                 continue
             pj = Pending(tp, offset, epoch, job, job_dedupe_key(job))
             if self.ledger.is_duplicate(pj, self.seen.get):
@@ -656,6 +670,31 @@ class _Session:
                 self.status.add("refill_sweeps")
                 self._refill(target)
                 self.wake.set()
+
+    def _forget_idle(self, now: float) -> None:
+        """Bounded memory per target (main loop): idle targets are forgotten every
+        ``SWEEP_EVERY_S``, and at once when more than ``max_target_state`` are known. Only
+        targets with no work whose next request is allowed anyway (no cap is loosened); a
+        degraded target's health stays until it was idle ``target_idle_s``."""
+        bound = self.s.max_target_state
+        if now < self.forget_at and self.sched.slot_count <= bound:
+            return
+        self.forget_at = now + SWEEP_EVERY_S
+        forgotten = self.sched.evict_idle(now, self.s.target_idle_s, bound)
+        for target, idle_for in forgotten:
+            self.robots_interval.pop(target, None)
+            self.robots.forget_target(target)
+            h = self.health.get(target)
+            if h is not None and (not h.degraded or idle_for >= self.s.target_idle_s):
+                del self.health[target]
+        if forgotten:
+            self.status.add("targets_forgotten", len(forgotten))
+
+    def memory_counts(self) -> dict[str, int]:
+        """Sizes of the per-target maps, each bounded by ``max_target_state``."""
+        return {"target_slots": self.sched.slot_count, "robots_rules": len(self.robots),
+                "robots_intervals": len(self.robots_interval),
+                "target_health": len(self.health)}
 
     # --- rates: cap, robots, adaptive -----------------------------------------------------
 
@@ -865,6 +904,22 @@ class _Session:
             changes.append((pj.tp[1], pj.park_key, None))
         if not self.ledger.finish(pj, outputs, seen, changes) and pj.park_key is not None:
             self.parked.untake(pj.park_key)
+
+    def _misplaced(self, tp: TP, offset: int, epoch: int, job: dict[str, Any],
+                   verdict: str) -> None:
+        """A job today's rules place elsewhere: sent on under its URL's own target (its cap,
+        its partition), or dead-lettered ``out_of_scope`` -- never fetched here as it was."""
+        if verdict == REROUTE:
+            job = {**job, "target": target_of(job["url"], self.s.target_mode)}
+            topic = self.topo.frontier_high if job.get("priority", 0) > 0 \
+                else self.topo.frontier
+            if self.ledger.finish_raw(tp, offset, epoch, [self.enc.job(topic, job)]):
+                self.status.add("rerouted")
+            return
+        self.status.metrics.dead_letter(OUT_OF_SCOPE)
+        self._finish_raw(tp, offset, epoch, [self.enc.dead(
+            job, None, tp[0], OUT_OF_SCOPE, f"{job['url']} is out of scope {self.s.scope!r} "
+            f"of the page that led to it ({job.get('parent_url')})", job["attempt"])])
 
     def _finish_raw(self, tp: TP, offset: int, epoch: int, outputs: list[Any]) -> None:
         if self.ledger.finish_raw(tp, offset, epoch, outputs):

@@ -29,10 +29,11 @@ from crawlfleet.errors import (
     CrawlfleetError,
     DecompressionBombError,
     FetchTimeoutError,
+    InvalidURLError,
     ResponseTooLargeError,
     TooManyRedirectsError,
 )
-from crawlfleet.urls import AddressPolicy, canonicalize
+from crawlfleet.urls import AddressPolicy, canonicalize, ends_in_number
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 HTTP_LIB_VERSION = f"aiohttp/{aiohttp.__version__}"
@@ -84,6 +85,7 @@ class Fetcher:
             timeout=aiohttp.ClientTimeout(total=self._s.request_timeout_s,
                                           connect=self._s.connect_timeout_s),
             cookie_jar=aiohttp.DummyCookieJar(),
+            trust_env=False,  # an HTTP_PROXY in the environment never routes the crawl
             max_line_size=MAX_LINE_BYTES, max_field_size=MAX_LINE_BYTES,
             max_headers=MAX_HEADERS,
         )
@@ -145,6 +147,10 @@ class Fetcher:
         try:
             ipaddress.ip_address(host)
         except ValueError:
+            if ends_in_number(host):  # 2130706433, 127.1: an address in a spelling that
+                # canonicalize never emits (a record from before it did), sent past any
+                # resolver by the HTTP client: refused, never connected to.
+                raise InvalidURLError(f"non-canonical numeric host in {url!r}") from None
             return  # a name: the guarded resolver checks each address it resolves to
         self.policy.check(host, host)
 

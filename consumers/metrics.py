@@ -30,6 +30,16 @@ log = logging.getLogger("crawlfleet.metrics")
 #: Status gauges under their metric names (others: ``crawlfleet_worker_<name>``).
 GAUGES: dict[str, tuple[str, str]] = {
     "inflight": ("crawlfleet_inflight_requests", "Requests in flight."),
+    "poll_gap_ms": ("crawlfleet_poll_gap_ms",
+                    "Longest gap between two polls over the last 5-10 min (a batch, or a pass "
+                    "of the admission loop): max.poll.interval.ms must outlast it."),
+    "target_slots": ("crawlfleet_target_slots",
+                     "Targets the fetch scheduler keeps state for (<= max_target_state)."),
+    "robots_rules": ("crawlfleet_robots_rules", "Origins with robots.txt rules cached."),
+    "robots_intervals": ("crawlfleet_robots_intervals",
+                         "Targets with a Crawl-delay / Request-rate remembered."),
+    "target_health": ("crawlfleet_target_health",
+                      "Targets with adaptive health state (degraded or recovering)."),
     "queued": ("crawlfleet_queued_jobs", "Jobs queued in memory, waiting for their target."),
     "parked": ("crawlfleet_parked_jobs", "Jobs parked on disk beyond their target's share."),
     "uncommitted": ("crawlfleet_uncommitted_results",

@@ -28,12 +28,10 @@ from crawlfleet.errors import (
 from crawlfleet.urls import resolve_link, target_of
 from infra.kafka_io import Encoder, Output
 from producers.lineage import ENQUEUED, lineage_event
-from producers.replay import without_replay
+from producers.replay import REDIRECT_HOPS, without_replay
 from schemas.topics import RETRY_DELAYS_S, Topology
 
 FETCHER_VERSION = f"crawlfleet-fetch/{__version__}"
-#: Job meta key: redirect hops that led to this job (the max-redirects cap spans jobs).
-REDIRECT_HOPS = "redirect_hops"
 
 
 def redirect_hops(job: dict[str, Any]) -> int:

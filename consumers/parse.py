@@ -22,7 +22,7 @@ from crawlfleet.urls import dedupe_key, target_of
 from infra.kafka_io import Output, job_key, raw_value, tp_of
 from producers.backpressure import FrontierGate
 from producers.lineage import ENQUEUED, lineage_event
-from producers.replay import without_replay
+from producers.replay import REDIRECT_HOPS, without_replay
 
 log = logging.getLogger("crawlfleet.parse")
 
@@ -133,7 +133,7 @@ class ParseStage(BatchStage):
     def _link_jobs(self, job: dict[str, Any], links: list[str]) -> list[Output]:
         s = self.settings
         out = []
-        meta = without_replay(job.get("meta"))
+        meta = link_meta(job.get("meta"))
         for link in links:
             key = dedupe_key(job["profile"], link)
             if self._recent.touch(key):  # followed recently: most of a page's links are repeats
@@ -157,4 +157,12 @@ class ParseStage(BatchStage):
         return out
 
 
-__all__ = ["ParseStage", "RecentSet", "job_key"]
+def link_meta(meta: dict[str, str] | None) -> dict[str, str]:
+    """The meta a page's links inherit: the user's, without the marks of how the page itself
+    was reached -- its replay id, and its redirect hops (a chain's count, not the tree's: a
+    site that redirects every link would otherwise stop being followed after
+    ``max_redirects`` levels)."""
+    return {k: v for k, v in without_replay(meta).items() if k != REDIRECT_HOPS}
+
+
+__all__ = ["ParseStage", "RecentSet", "job_key", "link_meta"]

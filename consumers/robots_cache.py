@@ -25,15 +25,48 @@ class RobotsCache:
     Crawl-delay / Request-rate, so the target's interval can honour it."""
 
     def __init__(self, agent: str, ttl_s: float,
-                 on_rules: Callable[[str, float], None]) -> None:
+                 on_rules: Callable[[str, float], None], max_origins: int = 1 << 30) -> None:
         self.agent = agent
         self.ttl_s = ttl_s
         self.on_rules = on_rules
+        self.max_origins = max_origins
         self.fetcher: Fetcher | None = None
         self.fetched = 0
-        self._rules: dict[str, RobotsRules] = {}
+        self._rules: dict[str, RobotsRules] = {}  # oldest fetched first
         self._expiry: dict[str, float] = {}
+        self._target: dict[str, str] = {}  # origin -> the target it was fetched for
+        self._origins: dict[str, set[str]] = {}  # target -> its origins with rules here
         self._pending: dict[str, asyncio.Future[RobotsRules]] = {}
+
+    def __len__(self) -> int:
+        return len(self._rules)
+
+    def forget_target(self, target: str) -> None:
+        """Drop the rules of ``target``'s origins (the target itself was forgotten: its next
+        job fetches robots.txt again, which sets its Crawl-delay again before it goes on)."""
+        for origin in list(self._origins.get(target, ())):
+            self._drop(origin)
+
+    def _drop(self, origin: str) -> None:
+        self._rules.pop(origin, None)
+        self._expiry.pop(origin, None)
+        target = self._target.pop(origin, None)
+        if target is not None:
+            origins = self._origins.get(target)
+            if origins is not None:
+                origins.discard(origin)
+                if not origins:
+                    del self._origins[target]
+
+    def _bound(self) -> None:
+        """At most ``max_origins`` rules: expired ones go first, then the oldest fetched."""
+        if len(self._rules) <= self.max_origins:
+            return
+        now = time.monotonic()
+        for origin in [o for o, at in self._expiry.items() if at <= now]:
+            self._drop(origin)
+        while len(self._rules) > self.max_origins:
+            self._drop(next(iter(self._rules)))
 
     def known(self, url: str) -> RobotsRules | None:
         """Rules already cached for the URL's origin (even if due for a refresh)."""
@@ -57,9 +90,13 @@ class RobotsCache:
         self._pending[origin] = fut
         try:
             rules = await self._fetch(origin)
+            self._rules.pop(origin, None)  # re-inserted: the newest
             self._rules[origin] = rules
+            self._target[origin] = target
+            self._origins.setdefault(target, set()).add(origin)
             ttl = UNREACHABLE_RETRY_S if rules.unreachable else self.ttl_s
             self._expiry[origin] = time.monotonic() + ttl
+            self._bound()
             self.on_rules(target, rules.min_interval_s)
             fut.set_result(rules)
         finally:

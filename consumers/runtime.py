@@ -292,6 +292,33 @@ def _classify(exc: KafkaException) -> CrawlfleetError:
     return KafkaStageError(f"kafka error: {err.str()}")
 
 
+class PollGaps:
+    """The longest time between two polls of a consumer, over the last window or two: what
+    ``max.poll.interval.ms`` must outlast (a gap beyond it makes the group drop the member
+    and hand its partitions on mid-batch). Exported as the ``poll_gap_ms`` gauge, which
+    ``crawlfleet doctor`` checks against the setting."""
+
+    def __init__(self, status: StatusFile, window_s: float = 300.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.status = status
+        self.window_s = window_s
+        self.clock = clock
+        self._last: float | None = None
+        self._window_at = clock()
+        self._max = self._previous = 0.0
+        status.gauges.setdefault("poll_gap_ms", 0)
+
+    def tick(self) -> None:
+        """Call just before each poll."""
+        now = self.clock()
+        if now - self._window_at >= self.window_s:
+            self._window_at, self._previous, self._max = now, self._max, 0.0
+        if self._last is not None:
+            self._max = max(self._max, now - self._last)
+        self._last = now
+        self.status.gauges["poll_gap_ms"] = int(max(self._max, self._previous) * 1000)
+
+
 class StopFlag:
     """Set by SIGTERM/SIGINT so loops finish their current step and leave the group cleanly."""
 

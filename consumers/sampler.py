@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from clickhouse_connect.driver.exceptions import ClickHouseError
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from consumers.runtime import StatusFile
@@ -42,6 +41,8 @@ from schemas.topics import STAGES
 
 #: The store worker's gauges of work the broker holds (see :meth:`QueueSampler.held_work`).
 HELD_GAUGES = ("live_parked", "live_timers", "unsettled_partitions")
+#: How long a stopping store worker waits for the sampler's final sample.
+FINAL_SAMPLE_WAIT_S = 5.0
 
 log = logging.getLogger("crawlfleet.sampler")
 
@@ -97,19 +98,38 @@ class QueueSampler:
             self._thread.start()
 
     def stop(self) -> None:
+        """Stop sampling, with one last sample on the way out (taken by the sampler's own
+        thread): a crawl shorter than one interval still shows its rate, and its queues'
+        final state (drained, after a drained crawl) is the newest row. A stop waits at most
+        ``FINAL_SAMPLE_WAIT_S`` for it (a broker that is down cannot hold the worker's exit);
+        a sample still running then keeps its clients (closing them under a call could
+        crash it) and ends with the process."""
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=FINAL_SAMPLE_WAIT_S)
+        if self._thread.is_alive():
+            log.warning("final queue sample still running after %.0f s: left to the exit",
+                        FINAL_SAMPLE_WAIT_S)
+            return
         self._probe.close()
         if self._reader is not None:
             self._reader.close()
 
     def _run(self) -> None:
+        try:  # where every group stands now: the first sample then has a rate
+            self._previous = {(x.stage, x.topic): (time.time(), x.consumed)
+                              for x in self.sample()}
+        except (CrawlfleetError, KafkaException, OSError) as exc:
+            log.warning("queue baseline not taken (the first rate reads 0): %s", exc)
         while not self._stop.wait(self._delay()):
-            try:
-                self.write(self.sample() + self.held_work(), time.time())
-            except (CrawlfleetError, KafkaException, ClickHouseError, OSError) as exc:
-                log.warning("queue sample lost (the store stage goes on): %s", exc)
+            self._sample_once(final=False)
+        self._sample_once(final=True)
+
+    def _sample_once(self, final: bool) -> None:
+        try:
+            self.write(self.sample() + self.held_work(), time.time(), final=final)
+        except Exception as exc:  # telemetry: a lost sample never stops the store stage
+            log.warning("queue sample lost (the store stage goes on): %s", exc)
 
     def _delay(self) -> float:
         """Until the next bucket boundary, so samples line up across workers."""
@@ -181,10 +201,12 @@ class QueueSampler:
             self._reader.unassign()
         return oldest
 
-    def write(self, samples: list[Sample], now: float) -> None:
+    def write(self, samples: list[Sample], now: float, final: bool = False) -> None:
+        """One row per sample at its interval's bucket; ``final`` rows at ``now`` itself (a
+        bucket of their own: the bucket's earlier sample is not replaced by a partial one)."""
         if not samples:
             return
-        bucket = now - (now % self.interval) if self.interval > 0 else now
+        bucket = now if final or self.interval <= 0 else now - (now % self.interval)
         per_s = rates(self._previous, samples, now)
         self._previous = {(s.stage, s.topic): (now, s.consumed) for s in samples}
         ts = datetime.fromtimestamp(bucket, UTC)
@@ -193,4 +215,6 @@ class QueueSampler:
              s.behind, round(max(0.0, now - s.oldest_ms / 1000.0), 3)
              if s.oldest_ms is not None else 0.0, self.worker)
             for s in samples]
-        self.store.insert("queue_samples", SAMPLE_COLUMNS, rows, f"queue_samples|{bucket:.0f}")
+        token = f"queue_samples|final|{self.worker}|{now:.3f}" if final else \
+            f"queue_samples|{bucket:.0f}"
+        self.store.insert("queue_samples", SAMPLE_COLUMNS, rows, token)

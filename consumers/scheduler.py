@@ -114,8 +114,8 @@ class TargetScheduler(Generic[T]):
         out: list[tuple[str, T]] = []
         while self._heap and len(out) < limit and self._heap[0][0] <= now:
             at, target = heapq.heappop(self._heap)
-            slot = self._slots[target]
-            if not slot.scheduled or at < slot.next_at:
+            slot = self._slots.get(target)
+            if slot is None or not slot.scheduled or at < slot.next_at:
                 continue  # stale entry, a later one exists
             slot.scheduled = False
             if not len(slot) or target in self._held or slot.inflight >= slot.limit:
@@ -182,6 +182,24 @@ class TargetScheduler(Generic[T]):
 
     def targets(self) -> list[str]:
         return list(self._slots)
+
+    def evict_idle(self, now: float, idle_s: float, keep: int) -> list[tuple[str, float]]:
+        """Forget targets with nothing queued, nothing in flight, not held, whose next
+        request is allowed now (so forgetting loosens no cap): every one idle for ``idle_s``
+        and, while more than ``keep`` slots remain, the longest idle of the rest. A target
+        seen again starts a fresh slot. Returns (target, seconds idle) of those forgotten."""
+        idle = sorted((slot.next_at, target) for target, slot in self._slots.items()
+                      if not len(slot) and not slot.inflight and not slot.scheduled
+                      and target not in self._held and slot.next_at <= now)
+        over = len(self._slots) - keep
+        out = [(t, now - at) for n, (at, t) in enumerate(idle) if n < over or now - at >= idle_s]
+        for target, _ in out:
+            del self._slots[target]
+        return out
+
+    @property
+    def slot_count(self) -> int:
+        return len(self._slots)
 
     def next_due(self) -> float | None:
         return self._heap[0][0] if self._heap else None

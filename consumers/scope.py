@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Any
 
 from crawlfleet.urls import target_of
+
+#: :func:`recheck` verdicts.
+REROUTE, OUT_OF_SCOPE = "reroute", "out_of_scope"
 
 
 def follow(link: str, page_target: str, depth: int, *, scope: str, max_depth: int,
@@ -17,3 +21,19 @@ def follow(link: str, page_target: str, depth: int, *, scope: str, max_depth: in
     if scope == "seeds":
         return target_of(link, target_mode) in allowed
     return True
+
+
+def recheck(job: dict[str, Any], *, scope: str, target_mode: str,
+            allowed: Collection[str] = ()) -> str | None:
+    """Whether a job may be fetched as it is, judged by today's rules from its URL alone
+    (a replayed or retried job was made under the rules of its day): :data:`REROUTE` when
+    its URL's target now differs from the one it carries (its cap and partition are the new
+    target's), :data:`OUT_OF_SCOPE` when the page that led to it no longer covers it; None
+    to fetch it. Seeds (no parent) are in scope by definition."""
+    if target_of(job["url"], target_mode) != job["target"]:
+        return REROUTE
+    parent = job.get("parent_url")
+    if parent and not follow(job["url"], target_of(parent, target_mode), 0, scope=scope,
+                             max_depth=-1, target_mode=target_mode, allowed=allowed):
+        return OUT_OF_SCOPE
+    return None

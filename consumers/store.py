@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from confluent_kafka import (
@@ -42,6 +42,7 @@ from consumers.membership import Membership
 from consumers.runtime import (
     WAIT_FIRST_S,
     WAIT_LOG_EVERY_S,
+    PollGaps,
     StatusFile,
     StopFlag,
     worker_name,
@@ -88,8 +89,16 @@ def _hint(exc: Exception) -> str:
             "--data-dir, or use a ClickHouse server (--clickhouse)")
 
 
+#: The milliseconds a DateTime64(3) column holds (ClickHouse: 1900-01-01 .. 2299-12-31).
+_TS_MIN_MS, _TS_MAX_MS = -2_208_988_800_000, 10_413_791_999_999
+
+
 def _ts(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000.0, tz=UTC)
+    """A record's epoch milliseconds as a UTC datetime; outside what the column holds (a
+    forged or corrupt record) the record is refused on its own, never its batch."""
+    if not _TS_MIN_MS <= ms <= _TS_MAX_MS:
+        raise DecodeError(f"timestamp {ms} ms is outside what the store holds")
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
 
 
 def page_row(p: dict[str, Any]) -> tuple[Any, ...]:
@@ -172,6 +181,7 @@ class StoreStage:
         self.stop = stop if stop is not None else StopFlag()
         self.codec = default_codec()
         self.status = StatusFile(settings.status_dir, self.stage, self.worker)
+        self.poll_gaps = PollGaps(self.status)
         self.store: Store  # opened by run(), once it is available
         self._ownership = StoreOwnership(settings) if not settings.clickhouse_dsn.get() \
             else None
@@ -280,6 +290,7 @@ class StoreStage:
                 break
             timeout = 0.2 if deadline is None else min(deadline - now, _QUIET_S)
             got = False
+            self.poll_gaps.tick()
             for msg in consume_ready(consumer, min(1000, rows - len(batch)), timeout):
                 err = msg.error()
                 if err is None:
@@ -324,7 +335,13 @@ class StoreStage:
             r[0], r[1] = min(r[0], offset), max(r[1], offset)
             event_id = f"{topic}:{partition}:{offset}"
             try:
-                self._route(msg, event_id, rows)
+                try:
+                    self._route(msg, event_id, rows)
+                except (KeyError, TypeError, ValueError, OverflowError) as exc:
+                    # a record that decodes yet cannot be a row (nobody foresaw it): refused
+                    # on its own with its class, so no record can stop the stage
+                    raise DecodeError(f"unstorable record: {type(exc).__name__}: {exc}"
+                                      ) from exc
             except DecodeError as exc:
                 if topic == self.topology.dead:  # already in crawl.dead, as it came
                     rows["dead_letters"].append((event_id, datetime.now(UTC), "", "", "",

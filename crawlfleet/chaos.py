@@ -77,7 +77,9 @@ def run_chaos(pages: int, nodes: int, fetch_workers: int, parse_workers: int,
               kill_every_s: float, seed: int, data_dir: Path | None, timeout_s: float,
               console: Console, *, rate_cap: float | None = None, hosts: int = SITE_HOSTS,
               partitions: int = 12, baseline: bool = True,
-              kill_for_s: float | None = None) -> ChaosReport:
+              kill_for_s: float | None = None,
+              heavy: tuple[PlannedFault, ...] | None = None,
+              worker_kills: bool = True) -> ChaosReport:
     """Crawl ``pages`` local pages on ``hosts`` hosts under worker kills (and a broker kill
     with 3 nodes), then (``baseline``) the same shape again with nobody killed.
 
@@ -86,7 +88,8 @@ def run_chaos(pages: int, nodes: int, fetch_workers: int, parse_workers: int,
     thousand local pages is over after a handful of kills. Kills stop once 90% of the pages
     were requested, or after ``kill_for_s``. Sessions keep the settings' default timeout, as
     a deployment's do. A round that fails keeps its folder (the evidence) even when
-    ``data_dir`` is None.
+    ``data_dir`` is None. ``heavy`` replaces the 3-node broker kill with other faults (e.g.
+    a rolling restart), ``worker_kills`` False sends no random worker kills.
     """
     if nodes not in BASE_PORT:
         raise InfraError(f"nodes must be 1 or 3, not {nodes}")
@@ -105,7 +108,9 @@ def run_chaos(pages: int, nodes: int, fetch_workers: int, parse_workers: int,
         parse_workers=parse_workers, kill_every_s=kill_every_s, seed=seed,
         timeout_s=timeout_s, rate_cap=rate_cap or paced_rate_cap(pages, kill_every_s, hosts),
         partitions=partitions, kill_for_s=kill_for_s,
-        heavy=(PlannedFault(BROKER_KILL, BROKER_KILL_AT_PROGRESS),) if nodes == 3 else ())
+        heavy=heavy if heavy is not None else
+        (PlannedFault(BROKER_KILL, BROKER_KILL_AT_PROGRESS),) if nodes == 3 else (),
+        worker_kills=worker_kills)
     keep = False
     try:
         console.print(f"[bold]chaos[/bold]: starting a {nodes}-node Kafka in {kafka_home}")

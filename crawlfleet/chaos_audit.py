@@ -40,6 +40,26 @@ def timed_page_requests(site: DemoSite, port: int) -> list[tuple[float, str]]:
             if not raw.partition("?")[0].endswith("/robots.txt")]
 
 
+def peak_host_rate(site: DemoSite, window_s: float = 1.0) -> tuple[str, int]:
+    """(host, requests) of the host with the most requests in any ``window_s`` window, every
+    request counted (robots.txt too: it takes the target's slot). Politeness promises at
+    most cap + 1 in any 1-s window, however many workers run and whatever restarts."""
+    _, log = site.snapshot()
+    by_host: dict[str, list[float]] = {}
+    for t, host, _raw in log:
+        by_host.setdefault(host, []).append(t)
+    worst = ("", 0)
+    for host, times in by_host.items():
+        times.sort()
+        lo = 0
+        for hi, t in enumerate(times):
+            while t - times[lo] >= window_s:
+                lo += 1
+            if hi - lo + 1 > worst[1]:
+                worst = (host, hi - lo + 1)
+    return worst
+
+
 def requests_between(timed: list[tuple[float, str]], start: float, end: float) -> int:
     """Requests in ``(start, end]`` (monotonic) of a time-ordered log."""
     times = [t for t, _ in timed]

@@ -130,6 +130,9 @@ class ChaosReport:
     evidence: str = ""  # the folder holding a failed round's report, lineage and logs
     #: repeated page requests, by the latest fault before each (which fault made work redone)
     repeats_by_fault: dict[str, int] = field(default_factory=dict)
+    #: the busiest host's most requests in any 1-s window (the site's own log), and the host
+    peak_host_requests: int = 0
+    peak_host: str = ""
 
     # --- the verdict ----------------------------------------------------------------------
 
@@ -230,6 +233,8 @@ def print_report(report: ChaosReport, console: Console) -> None:
     rows: list[tuple[str, str]] = [
         ("reachable URLs (site generator)", str(v.reachable)),
         ("rate cap per host (req/s)", f"{report.rate_cap:g}"),
+        ("busiest host, most requests in 1 s", f"{report.peak_host_requests} "
+                                               f"({report.peak_host or '-'})"),
         ("session timeout (s)", f"{report.session_timeout_s:g}"),
         ("stored exactly once (FINAL)", str(v.stored_once)),
         ("lost", _mark(report.lost == 0, str(report.lost))),

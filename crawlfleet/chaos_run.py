@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import random
 import signal
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -35,6 +36,7 @@ from consumers.runtime import read_statuses
 from crawlfleet.broker_trace import committed_repeats
 from crawlfleet.chaos_audit import (
     kill_phase,
+    peak_host_rate,
     requests_between,
     timed_page_requests,
     wait_for_store,
@@ -52,6 +54,7 @@ from crawlfleet.fault_inject import (
     BrokerKill,
     FaultThread,
     RestartAll,
+    RollingRestart,
     StoreRestart,
     wipe_state,
 )
@@ -59,6 +62,7 @@ from crawlfleet.fault_plan import (
     BROKER_FREEZE,
     BROKER_KILL,
     RESTART_ALL,
+    ROLLING_RESTART,
     STATE_WIPE,
     STATEFUL_STAGES,
     STORE_RESTART,
@@ -79,7 +83,7 @@ KILL_UNTIL_PROGRESS = 0.9
 RESTART_ALLOWANCE_S = 10.0
 TICK_S = 0.5
 #: Faults that can make every fetch worker drop its work (for the legacy estimate).
-FLEET_FAULTS = frozenset({BROKER_KILL, BROKER_FREEZE, RESTART_ALL})
+FLEET_FAULTS = frozenset({BROKER_KILL, BROKER_FREEZE, RESTART_ALL, ROLLING_RESTART})
 
 
 class RoundError(InfraError):
@@ -268,7 +272,21 @@ class ChaosRound:
 
     # --- faults -------------------------------------------------------------------------
 
-    def kill(self, wid: str, cause: str) -> None:
+    def stop_worker(self, wid: str, cause: str) -> None:
+        """SIGTERM worker ``wid`` and wait for its clean exit (SIGKILL after 60 s); the loop's
+        heal restarts it. Recorded as a kill: what it had in flight may be fetched again."""
+        self.kill(wid, cause, sig=signal.SIGTERM)
+
+    def _serving(self, wid: str) -> bool:
+        """``wid`` runs again (a process of its own id) and says it is not waiting."""
+        proc = self.fleet.procs.get(wid)
+        if proc is None or proc.poll() is not None:
+            return False
+        st = next((x for x in read_statuses(self.s.status_dir) if x.get("worker") == wid),
+                  None)
+        return st is not None and st.get("pid") == proc.pid and not st.get("waiting")
+
+    def kill(self, wid: str, cause: str, sig: signal.Signals = signal.SIGKILL) -> None:
         """SIGKILL worker ``wid`` (sampled just before); the loop's heal restarts it."""
         with self._lock:
             stage = wid.rsplit("-", 1)[0]
@@ -287,10 +305,14 @@ class ChaosRound:
                 return
             self.exposure.on_kill(status, wid, stage, cause, time.time())
             if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
+                proc.send_signal(sig)
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
         k = self.kills[-1]
-        self.console.print(f"[yellow]{k.at_s:6.1f}s  SIGKILL {wid}[/yellow] ({cause}; pid "
+        self.console.print(f"[yellow]{k.at_s:6.1f}s  {sig.name} {wid}[/yellow] ({cause}; pid "
                            f"{k.pid}, in flight {k.inflight}, queued {k.queued}, "
                            f"uncommitted {'-' if k.uncommitted is None else k.uncommitted})")
 
@@ -314,6 +336,11 @@ class ChaosRound:
         elif kind == STORE_RESTART:
             rec.target = "store-0"
             thread = StoreRestart(rec, self.t0, self.s, self.kill, "store-0")
+        elif kind == ROLLING_RESTART:
+            rec.target = "every broker, then every worker"
+            thread = RollingRestart(rec, self.t0, self.kafka_home, self.spec.nodes,
+                                    self.stop_worker, lambda: list(self.fleet.procs),
+                                    self._serving, lambda: len(self.site.requests))
         elif kind == STATE_WIPE:
             victim = self.wipe_cycle.next_victim(list(self.fleet.procs), STATEFUL_STAGES)
             rec.target = victim
@@ -342,6 +369,7 @@ class ChaosRound:
         counts, _ = self.site.snapshot()
         robots = sum(n for u, n in counts.items() if u.endswith("/robots.txt"))
         timed = timed_page_requests(self.site, self.site_spec.port)
+        peak = peak_host_rate(self.site)
         offset = self._mono_offset
 
         def between(from_wall: float, to_wall: float) -> int:
@@ -364,7 +392,8 @@ class ChaosRound:
             broker=broker_state(self.s, self.topo),
             seconds=round(time.monotonic() - self.began, 1), crawl_seconds=round(crawl_s, 1),
             drain_seconds=round(drain_s, 1), drained=drained, notes=self.notes,
-            kill_phase=phase, repeats_by_fault=repeats_by_fault(timed, self._fault_times()))
+            kill_phase=phase, repeats_by_fault=repeats_by_fault(timed, self._fault_times()),
+            peak_host=peak[0], peak_host_requests=peak[1])
 
     def _fault_times(self) -> list[tuple[float, str]]:
         """Every fault sent, (monotonic time, label), to put repeated requests down to."""

@@ -5,41 +5,111 @@ from __future__ import annotations
 import gc
 import logging
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+from typer.core import TyperCommand, TyperGroup
 
-from crawlfleet.config import Settings, load_settings
+from crawlfleet.config import (
+    ENV_PREFIX,
+    SETTING_DEFAULTS,
+    Settings,
+    load_settings,
+    route_kafka_logs,
+)
 from crawlfleet.errors import CrawlfleetError
 
-app = typer.Typer(help="crawlfleet: a polite, fault-tolerant, distributed crawler on Kafka.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
-kafka_app = typer.Typer(help="Run a local Apache Kafka (KRaft) from Maven Central jars.",
-                        no_args_is_help=True)
-topics_app = typer.Typer(help="Provision the crawl topics.", no_args_is_help=True)
-dlq_app = typer.Typer(help="Dead letters: list, show, replay.", no_args_is_help=True)
+
+class _Command(TyperCommand):
+    """Usage lines as a newcomer reads them: ``crawl [OPTIONS] SEEDS``, not ``{seeds}``."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:  # typer's own click Context
+        return [p.strip("{}") for p in super().collect_usage_pieces(ctx)]
+
+
+def _typer(help: str) -> typer.Typer:
+    # Plain help (no rich markup): "[default: ...]" survives, flags show no "<bool>" type.
+    return typer.Typer(help=help, no_args_is_help=True, pretty_exceptions_enable=False,
+                       rich_markup_mode=None, cls=TyperGroup)
+
+
+app = _typer("crawlfleet: a polite, fault-tolerant, distributed crawler on Kafka.")
+kafka_app = _typer("Run a local Apache Kafka (KRaft) from Maven Central jars.")
+topics_app = _typer("Provision the crawl topics.")
+dlq_app = _typer("Dead letters: list, show, replay.")
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(topics_app, name="topics")
 app.add_typer(dlq_app, name="dlq")
+command = partial(app.command, cls=_Command)
 #: Piped output is plain and complete: no terminal width to cut tables to, no live redraws.
 console = Console() if sys.stdout.isatty() else Console(width=100_000, soft_wrap=True)
 err_console = Console(stderr=True) if sys.stderr.isatty() else \
     Console(stderr=True, width=100_000, soft_wrap=True)
 #: Exit status when some input lines were rejected (the good ones still went through).
 EXIT_BAD_LINES = 3
+#: How an option backed by a setting shows that setting's default, where it is not the value.
+_SHOWN_DEFAULTS = {
+    "bootstrap_servers": "the local broker (`crawlfleet kafka up`)",
+    "clickhouse_dsn": "the embedded chDB store under the data dir",
+    "topic_prefix": "none",
+    "allow_private": "off", "allow_hosts": "none", "max_depth": "unlimited",
+    "metrics_port": "off", "partitions": "automatic",
+}
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML settings file.")]
+
+def setting_help(text: str, name: str, shown: str | None = None) -> str:
+    """``text`` plus the default and the environment variable of setting ``name``: an option
+    left out takes the setting's value (config file, then ``CRAWLFLEET_*``, then default)."""
+    default = shown or _SHOWN_DEFAULTS.get(name) or str(SETTING_DEFAULTS[name])
+    return f"{text} [default: {default}; env {ENV_PREFIX}{name.upper()}]"
+
+
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--config", help="TOML settings file. [default: none; env CRAWLFLEET_CONFIG]")]
 BootstrapOpt = Annotated[str | None, typer.Option(
-    "--bootstrap", help="Kafka bootstrap servers [env CRAWLFLEET_BOOTSTRAP_SERVERS].")]
+    "--bootstrap", help=setting_help("Kafka bootstrap servers.", "bootstrap_servers"))]
 ClickhouseOpt = Annotated[str | None, typer.Option(
-    "--clickhouse", help="ClickHouse DSN; default: embedded chDB [env CRAWLFLEET_CLICKHOUSE_DSN].")]
+    "--clickhouse", help=setting_help("ClickHouse DSN.", "clickhouse_dsn"))]
 DataDirOpt = Annotated[Path | None, typer.Option(
-    "--data-dir", help="Local state: chDB store, logs, status [env CRAWLFLEET_DATA_DIR].")]
+    "--data-dir", help=setting_help("Local state: chDB store, logs, status.", "data_dir"))]
 PrefixOpt = Annotated[str | None, typer.Option(
-    "--topic-prefix", help="Namespace of topics and groups [env CRAWLFLEET_TOPIC_PREFIX].")]
+    "--topic-prefix", help=setting_help("Namespace of topics and groups.", "topic_prefix"))]
+KafkaHomeOpt = Annotated[Path | None, typer.Option(
+    help="Kafka home (jars, data). [default: .crawlfleet/kafka, or "
+    "$CRAWLFLEET_HOME/kafka]")]
+RateCapOpt = Annotated[float | None, typer.Option(
+    help=setting_help("Requests per second per target.", "rate_cap"))]
+AllowHostsOpt = Annotated[str | None, typer.Option(
+    "--allow-hosts", help=setting_help(
+        "Comma-separated hosts, IPs or CIDR networks that may be private (e.g. "
+        "127.0.0.1/32,intranet.local); everything else must be public.", "allow_hosts"))]
+
+
+#: Commands that run for good and log to their own stderr (a worker's log file): librdkafka's
+#: lines stay there. Every other command routes them to the ``crawlfleet.kafka`` logger.
+_LOGGING_COMMANDS = frozenset({"worker"})
+
+
+@app.callback()
+def _main(ctx: typer.Context, verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Show log lines, librdkafka's (logger crawlfleet.kafka) "
+        "included. [default: off]")] = False) -> None:
+    """crawlfleet: a polite, fault-tolerant, distributed crawler on Kafka."""
+    if ctx.invoked_subcommand in _LOGGING_COMMANDS:
+        return
+    kafka_log = logging.getLogger("crawlfleet.kafka")
+    if verbose:
+        logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(message)s")
+        kafka_log.propagate = True
+    else:
+        kafka_log.addHandler(logging.NullHandler())
+        kafka_log.propagate = False
+    route_kafka_logs(kafka_log)
 
 
 def _settings(config: Path | None, **overrides: Any) -> Settings:
@@ -54,23 +124,35 @@ def _settings(config: Path | None, **overrides: Any) -> Settings:
 
 def _on_cluster(s: Settings) -> Settings:
     """``s`` for commands that use an existing cluster and its topics as they are."""
-    from crawlfleet.crawl import resolve_bootstrap
+    from crawlfleet.crawl import reach_kafka
     from infra.topics import adopt_partitions
-    return adopt_partitions(resolve_bootstrap(s, start_local=False))
+    return adopt_partitions(reach_kafka(s))
+
+
+def _error(text: str) -> None:
+    """``error: text`` on stderr; ``text`` is printed as it is (never parsed as markup)."""
+    err_console.print(Text.assemble(("error:", "red"), " ", text))
 
 
 def _fail(exc: CrawlfleetError) -> None:
-    err_console.print(f"[red]error:[/red] {exc}")
+    _error(str(exc))
     raise typer.Exit(2)
+
+
+def cell(value: Any) -> Text:
+    """A table cell of data (a URL, a title, an engine's message): plain text, so a crawled
+    ``[/]`` or ``[link=...]`` is shown as written, never run as markup."""
+    return Text(str(value))
 
 
 # --- kafka ---------------------------------------------------------------------------------
 
 
-@kafka_app.command("up")
+@kafka_app.command("up", cls=_Command)
 def kafka_up(nodes: Annotated[int, typer.Option(help="1 or 3 nodes.")] = 1,
-             dir: Annotated[Path | None, typer.Option(help="Kafka home (jars, data).")] = None,
-             heap_mb: Annotated[int, typer.Option(help="Heap per node.")] = 512) -> None:
+             dir: KafkaHomeOpt = None,
+             heap_mb: Annotated[int, typer.Option(help="Java heap per node, in MiB.")] = 512
+             ) -> None:
     """Start the local broker(s); idempotent. Prints the bootstrap servers."""
     from infra import kafka_local
     try:
@@ -79,8 +161,8 @@ def kafka_up(nodes: Annotated[int, typer.Option(help="1 or 3 nodes.")] = 1,
         _fail(exc)
 
 
-@kafka_app.command("status")
-def kafka_status(dir: Annotated[Path | None, typer.Option(help="Kafka home.")] = None) -> None:
+@kafka_app.command("status", cls=_Command)
+def kafka_status(dir: KafkaHomeOpt = None) -> None:
     """Show the local nodes and whether they run."""
     from infra import kafka_local
     st = kafka_local.status(dir)
@@ -96,8 +178,8 @@ def kafka_status(dir: Annotated[Path | None, typer.Option(help="Kafka home.")] =
         raise typer.Exit(1)
 
 
-@kafka_app.command("down")
-def kafka_down(dir: Annotated[Path | None, typer.Option(help="Kafka home.")] = None) -> None:
+@kafka_app.command("down", cls=_Command)
+def kafka_down(dir: KafkaHomeOpt = None) -> None:
     """Stop the nodes `up` started (data and jars are kept)."""
     from infra import kafka_local
     try:
@@ -110,11 +192,14 @@ def kafka_down(dir: Annotated[Path | None, typer.Option(help="Kafka home.")] = N
 # --- topics --------------------------------------------------------------------------------
 
 
-@topics_app.command("create")
+@topics_app.command("create", cls=_Command)
 def topics_create(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
                   topic_prefix: PrefixOpt = None,
-                  partitions: Annotated[int | None, typer.Option()] = None,
-                  replication: Annotated[int | None, typer.Option()] = None) -> None:
+                  partitions: Annotated[int | None, typer.Option(help=setting_help(
+                      "Partitions of each target-partitioned topic (automatic: 12).",
+                      "partitions"))] = None,
+                  replication: Annotated[int | None, typer.Option(help=setting_help(
+                      "Replicas of each topic.", "replication"))] = None) -> None:
     """Create every crawl topic that does not exist yet (idempotent)."""
     from infra.topics import create_topics
     try:
@@ -129,12 +214,13 @@ def topics_create(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
 # --- publish -------------------------------------------------------------------------------
 
 
-@app.command("publish")
-def publish_cmd(source: Annotated[str, typer.Argument(help="File of URLs / JSON lines, or -.")],
+@command("publish")
+def publish_cmd(source: Annotated[str, typer.Argument(
+                    metavar="SOURCE", help="File of URLs / JSON lines, or - for stdin.")],
                 config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
                 topic_prefix: PrefixOpt = None) -> None:
     """Publish seeds to the frontier; bad lines are reported, good ones still go through."""
-    from producers.frontier import publish
+    from producers.frontier import TopicsMissingError, publish
     try:
         s = _on_cluster(_settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix))
         if source == "-":
@@ -143,44 +229,49 @@ def publish_cmd(source: Annotated[str, typer.Argument(help="File of URLs / JSON 
             with open(source, encoding="utf-8", errors="replace") as fh:
                 report = publish(fh, s)
     except OSError as exc:
-        err_console.print(f"[red]error:[/red] cannot read {source}: {exc}")
+        _error(f"cannot read {source}: {exc}")
         raise typer.Exit(2) from exc
+    except TopicsMissingError as exc:
+        _print_bad_lines(exc.report)
+        _fail(exc)
+        return
     except CrawlfleetError as exc:
         _fail(exc)
         return
-    for line, reason in report.errors:
-        err_console.print(f"line {line}: {reason}")
+    _print_bad_lines(report)
     console.print(f"published {report.published}, duplicates dropped {report.duplicates}, "
                   f"bad lines {len(report.errors)}")
     if report.errors:
         raise typer.Exit(1 if not report.published else EXIT_BAD_LINES)
 
 
-AllowHostsOpt = Annotated[str | None, typer.Option(
-    "--allow-hosts", help="Comma-separated hosts, IPs or CIDR networks that may be private "
-    "(e.g. 127.0.0.1/32,intranet.local); everything else must be public.")]
+def _print_bad_lines(report: Any) -> None:
+    for line, reason in report.errors:
+        err_console.print(f"line {line}: {reason}", markup=False, highlight=False)
 
 
 # --- workers -------------------------------------------------------------------------------
 
 
-@app.command("worker")
-def worker_cmd(stage: Annotated[str, typer.Argument(help="fetch | parse | store | retry")],
+@command("worker")
+def worker_cmd(stage: Annotated[str, typer.Argument(metavar="STAGE",
+                                                    help="fetch | parse | store | retry")],
                config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
                clickhouse: ClickhouseOpt = None, data_dir: DataDirOpt = None,
                topic_prefix: PrefixOpt = None,
                worker_id: Annotated[str | None, typer.Option(
-                   help="Stable id: a restarted worker with the same id fences its old self."
+                   help="Stable id: a restarted worker with the same id fences its old self. "
+                   "[default: the first free one of STAGE-0, STAGE-1, ... in the data dir]"
                )] = None,
                allow_private: Annotated[bool | None, typer.Option(
                    "--allow-private/--no-allow-private",
-                   help="Allow private/loopback/link-local targets.")] = None,
+                   help=setting_help("Allow private/loopback/link-local targets.",
+                                     "allow_private"))] = None,
                allow_hosts: AllowHostsOpt = None,
-               rate_cap: Annotated[float | None, typer.Option(
-                   help="Requests per second per target.")] = None,
+               rate_cap: RateCapOpt = None,
                metrics_port: Annotated[int | None, typer.Option(
-                   help="Serve Prometheus metrics on this port (0: any free one, logged and "
-                   "in the status file); off by default [env CRAWLFLEET_METRICS_PORT].")
+                   help=setting_help("Serve Prometheus metrics on this port (0: any free one, "
+                                     "logged and in the status file).", "metrics_port"))
                ] = None) -> None:
     """Run one stage worker until SIGTERM (then leave the group cleanly).
 
@@ -190,8 +281,7 @@ def worker_cmd(stage: Annotated[str, typer.Argument(help="fetch | parse | store 
     from consumers.runtime import StopFlag, worker_name
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if stage not in STAGE_NAMES:
-        err_console.print(f"[red]error:[/red] unknown stage {stage!r}: "
-                          + ", ".join(STAGE_NAMES))
+        _error(f"unknown stage {stage!r}: " + ", ".join(STAGE_NAMES))
         raise typer.Exit(2)
     try:
         s = _settings(config, bootstrap=bootstrap, clickhouse=clickhouse,
@@ -261,34 +351,43 @@ def _stage(stage: str, s: Settings, worker_id: str | None, stop: Any) -> Any:
     if stage == "retry":
         from consumers.retry import RetryStage
         return RetryStage(s, worker_id, stop)
-    err_console.print(f"[red]error:[/red] unknown stage {stage!r}: fetch, parse, store, retry")
+    _error(f"unknown stage {stage!r}: fetch, parse, store, retry")
     raise typer.Exit(2)
 
 
 # --- crawl ---------------------------------------------------------------------------------
 
 
-@app.command("crawl")
-def crawl_cmd(seeds: Annotated[str, typer.Argument(help="File of seed URLs / JSON lines, or -.")],
+@command("crawl")
+def crawl_cmd(seeds: Annotated[str, typer.Argument(
+                  metavar="SEEDS", help="File of seed URLs / JSON lines, or - for stdin.")],
               config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
               clickhouse: ClickhouseOpt = None, data_dir: DataDirOpt = None,
-              topic_prefix: PrefixOpt = None,
+              topic_prefix: Annotated[str | None, typer.Option(
+                  "--topic-prefix", help=setting_help(
+                      "Namespace of topics and groups: give it to resume a crawl.",
+                      "topic_prefix", "a fresh one per crawl"))] = None,
               allow_private: Annotated[bool, typer.Option(
-                  "--allow-private", help="Allow private/loopback targets (demo, tests).")] = False,
+                  "--allow-private", help=setting_help(
+                      "Allow private/loopback targets (demo, tests).", "allow_private"))
+              ] = False,
               allow_hosts: AllowHostsOpt = None,
-              rate_cap: Annotated[float | None, typer.Option(
-                  help="Requests per second per target.")] = None,
-              max_depth: Annotated[int | None, typer.Option(help="Link depth limit.")] = None,
-              scope: Annotated[str | None, typer.Option(
-                  help="same-target (default), seeds (the seeds' targets) or any.")] = None,
-              fetch_workers: Annotated[int, typer.Option()] = 1,
-              parse_workers: Annotated[int, typer.Option()] = 1,
-              timeout: Annotated[float | None, typer.Option(help="Give up after seconds.")] = None,
+              rate_cap: RateCapOpt = None,
+              max_depth: Annotated[int | None, typer.Option(help=setting_help(
+                  "Link depth limit (0: the seeds only).", "max_depth"))] = None,
+              scope: Annotated[str | None, typer.Option(help=setting_help(
+                  "same-target, seeds (the seeds' targets) or any.", "scope"))] = None,
+              fetch_workers: Annotated[int, typer.Option(help="Fetch worker processes.")] = 1,
+              parse_workers: Annotated[int, typer.Option(help="Parse worker processes.")] = 1,
+              timeout: Annotated[float | None, typer.Option(
+                  help="Give up after this many seconds. [default: never]")] = None,
               keep_topics: Annotated[bool, typer.Option(
                   "--keep-topics", help="Keep this run's own Kafka topics after it drained "
-                  "(they are deleted by default when no --topic-prefix is given).")] = False,
+                  "(they are deleted when no --topic-prefix is given). [default: off]")
+              ] = False,
               summary_json: Annotated[Path | None, typer.Option(
-                  help="Also write the summary as JSON here.")] = None) -> None:
+                  help="Also write the summary as JSON here. [default: none]")] = None
+              ) -> None:
     """Crawl from SEEDS with every stage as its own process; stop when drained."""
     from crawlfleet import crawl
     try:
@@ -302,7 +401,7 @@ def crawl_cmd(seeds: Annotated[str, typer.Argument(help="File of seed URLs / JSO
         summary = crawl.run_crawl(s, lines, plan, console=err_console, timeout_s=timeout,
                                   keep_topics=keep_topics)
     except OSError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        _error(str(exc))
         raise typer.Exit(2) from exc
     except CrawlfleetError as exc:
         _fail(exc)
@@ -318,14 +417,14 @@ def crawl_cmd(seeds: Annotated[str, typer.Argument(help="File of seed URLs / JSO
 
 # --- control -------------------------------------------------------------------------------
 
-TargetOpt = Annotated[str | None, typer.Option("--target", help="Only this target (host).")]
+TargetOpt = Annotated[str | None, typer.Option(
+    "--target", help="Only this target (host). [default: every target]")]
 
 
 def _control_settings(config: Path | None, bootstrap: str | None,
                       topic_prefix: str | None) -> Settings:
-    from crawlfleet.crawl import resolve_bootstrap
-    return resolve_bootstrap(_settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix),
-                             False)
+    from crawlfleet.crawl import reach_kafka
+    return reach_kafka(_settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix))
 
 
 def _toggle(paused: bool, target: str | None, config: Path | None, bootstrap: str | None,
@@ -336,58 +435,61 @@ def _toggle(paused: bool, target: str | None, config: Path | None, bootstrap: st
         send(_control_settings(config, bootstrap, topic_prefix), target)
     except CrawlfleetError as exc:
         _fail(exc)
-    console.print(f"{'paused' if paused else 'resumed'} {target or 'the whole fleet'}")
+    console.print(f"{'paused' if paused else 'resumed'} {target or 'the whole fleet'}",
+                  markup=False)
 
 
-@app.command("pause")
+@command("pause")
 def pause_cmd(target: TargetOpt = None, config: ConfigOpt = None,
               bootstrap: BootstrapOpt = None, topic_prefix: PrefixOpt = None) -> None:
     """Stop every fetch worker from dequeuing (globally or for one target); nothing is lost."""
     _toggle(True, target, config, bootstrap, topic_prefix)
 
 
-@app.command("resume")
+@command("resume")
 def resume_cmd(target: TargetOpt = None, config: ConfigOpt = None,
                bootstrap: BootstrapOpt = None, topic_prefix: PrefixOpt = None) -> None:
     """Undo `crawlfleet pause` (globally or for one target)."""
     _toggle(False, target, config, bootstrap, topic_prefix)
 
 
-@app.command("cap")
-def cap_cmd(target: Annotated[str, typer.Argument(help="Target (host).")],
+@command("cap")
+def cap_cmd(target: Annotated[str, typer.Argument(metavar="TARGET", help="Target (host).")],
             rate: Annotated[float | None, typer.Argument(
-                help="Requests per second; omit to clear the live cap.")] = None,
+                metavar="RATE", help="Requests per second; omit to clear the live cap.")
+            ] = None,
             config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
             topic_prefix: PrefixOpt = None) -> None:
     """Set a live per-target rate cap for the whole fleet (through crawl.control)."""
     from producers import control
     if rate is not None and rate <= 0:
-        err_console.print("[red]error:[/red] rate must be > 0")
+        _error("rate must be > 0")
         raise typer.Exit(2)
     try:
         control.set_cap(_control_settings(config, bootstrap, topic_prefix), target, rate)
     except CrawlfleetError as exc:
         _fail(exc)
-    console.print(f"cap for {target}: {rate if rate is not None else 'cleared'}")
+    console.print(f"cap for {target}: {rate if rate is not None else 'cleared'}", markup=False)
 
 
 # --- chaos ---------------------------------------------------------------------------------
 
 
-@app.command("chaos")
+@command("chaos")
 def chaos_cmd(pages: Annotated[int | None, typer.Option(
-                  help="Pages of the local test site (default 5000; with --soak 1500).")
+                  help="Pages of the local test site. [default: 5000; with --soak 1500]")
               ] = None,
               hosts: Annotated[int | None, typer.Option(
-                  help="Hosts the pages are spread over (default 20; with --soak 8).")] = None,
+                  help="Hosts the pages are spread over. [default: 20; with --soak 8]")
+              ] = None,
               rate_cap: Annotated[float, typer.Option(
                   help="Requests/s per host (the crawler's default is 2); 0: a pace that "
                        "makes the crawl last about a minute.")] = 2.0,
               nodes: Annotated[int | None, typer.Option(
                   help="Kafka nodes: 1, or 3 with a broker killed and restarted mid-crawl "
-                       "(default 1; with --soak 3).")] = None,
-              fetch_workers: Annotated[int, typer.Option()] = 2,
-              parse_workers: Annotated[int, typer.Option()] = 2,
+                       "[default: 1; with --soak 3]")] = None,
+              fetch_workers: Annotated[int, typer.Option(help="Fetch worker processes.")] = 2,
+              parse_workers: Annotated[int, typer.Option(help="Parse worker processes.")] = 2,
               kill_every: Annotated[float, typer.Option(
                   help="Seconds between kills (each drawn from 0.75x..1.25x).")] = 8.0,
               kill_for: Annotated[float, typer.Option(
@@ -402,22 +504,24 @@ def chaos_cmd(pages: Annotated[int | None, typer.Option(
               timeout: Annotated[float, typer.Option(help="Give up a crawl after seconds.")
                                  ] = 900.0,
               report_json: Annotated[Path | None, typer.Option(
-                  help="Also write the report as JSON here.")] = None,
+                  help="Also write the report as JSON here. [default: none]")] = None,
               soak: Annotated[float, typer.Option(
                   "--soak", metavar="MINUTES",
                   help="Loop rounds of the 3-broker scenario with mixed faults for this "
-                       "many minutes; stop at the first round that fails.")] = 0.0,
+                       "many minutes; stop at the first round that fails. [default: 0, "
+                       "no soak]")] = 0.0,
               faults: Annotated[str, typer.Option(
-                  help="Heavy faults the soak mixes, comma-separated (default all: "
+                  help="Heavy faults the soak mixes, comma-separated. [default: all: "
                        "broker_kill, broker_freeze, restart_all, store_restart, "
-                       "state_wipe).")] = "",
+                       "state_wipe]")] = "",
               faults_per_round: Annotated[int, typer.Option(
                   help="Heavy faults per soak round, besides the worker kills.")] = 2,
               results: Annotated[Path | None, typer.Option(
-                  help="The soak's results file (default bench/soak_results.jsonl).")] = None,
+                  help="The soak's results file. [default: bench/soak_results.jsonl]")
+              ] = None,
               summary: Annotated[bool, typer.Option(
-                  "--summary", help="Print the soak results' totals per commit and exit.")
-              ] = False) -> None:
+                  "--summary", help="Print the soak results' totals per commit and exit. "
+                  "[default: off]")] = False) -> None:
     """Crawl a local site while killing (-9) workers; report losses, duplicates, pace kept.
 
     Defaults: issue 11's scenario (20 hosts x 250 pages at 2 req/s per host; 2 fetch, 2 parse,
@@ -489,17 +593,19 @@ def _soak(minutes: float, *, pages: int, hosts: int, nodes: int, rate_cap: float
 # --- sql -----------------------------------------------------------------------------------
 
 
-@app.command("sql")
+@command("sql")
 def sql_cmd(query: Annotated[str | None, typer.Argument(
-                help="SQL, e.g. 'SELECT * FROM pages_v' (or use --view)")] = None,
+                metavar="QUERY", help="SQL, e.g. 'SELECT * FROM pages_v' (or use --view)")
+            ] = None,
             view: Annotated[str | None, typer.Option(
                 "--view", help="A dashboard view by name (infra/sql/views); "
-                "`--view list` names them.")] = None,
+                "`--view list` names them. [default: none]")] = None,
             since: Annotated[str, typer.Option(
                 help="The view's time window, ending now: 90s, 15m, 6h, 7d.")] = "1h",
             config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
             data_dir: DataDirOpt = None,
-            format: Annotated[str, typer.Option(help="table | tsv | json")] = "table") -> None:
+            format: Annotated[str, typer.Option(help="table | tsv | json")] = "table"
+            ) -> None:
     """Query the crawl store (while a crawl runs, through its store process)."""
     import json as _json
 
@@ -515,8 +621,7 @@ def sql_cmd(query: Annotated[str | None, typer.Argument(
         return
     if view is not None:
         if view not in views:
-            err_console.print(f"[red]error:[/red] no view {view!r}; views: "
-                              + ", ".join(views))
+            _error(f"no view {view!r}; views: " + ", ".join(views))
             raise typer.Exit(2)
         try:
             query = expand(views[view].sql, parse_duration(since))
@@ -529,10 +634,11 @@ def sql_cmd(query: Annotated[str | None, typer.Argument(
         cols, rows = run_query(s, query, on_wait=lambda text: err_console.print(
             f"[yellow]{escape(text)}[/yellow]"))
     except QueryError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        _error(str(exc))
         try:
             _, names = run_query(s, "SHOW TABLES")
-            err_console.print("tables and views: " + ", ".join(str(n[0]) for n in names))
+            err_console.print("tables and views: " + ", ".join(str(n[0]) for n in names),
+                              markup=False)
         except CrawlfleetError:
             pass
         raise typer.Exit(2) from None
@@ -549,17 +655,18 @@ def sql_cmd(query: Annotated[str | None, typer.Argument(
     else:
         t = Table(*cols)
         for r in rows:
-            t.add_row(*(str(v) for v in r))
+            t.add_row(*(cell(v) for v in r))
         console.print(t)
 
 
-@app.command("top")
+@command("top")
 def top_cmd(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
             topic_prefix: PrefixOpt = None, clickhouse: ClickhouseOpt = None,
             data_dir: DataDirOpt = None,
             refresh: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 2.0,
             once: Annotated[bool, typer.Option(
-                "--once", help="Print one snapshot and exit.")] = False) -> None:
+                "--once", help="Print one snapshot and exit (piped output always does). "
+                "[default: off]")] = False) -> None:
     """A live view of the whole fleet: queues and their trend, throughput, workers and their
     versions, block rate, dead letters, paused targets."""
     import time as _time
@@ -592,9 +699,11 @@ def top_cmd(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
 
 # --- dead letters and lineage ----------------------------------------------------------------
 
-ReasonOpt = Annotated[str | None, typer.Option("--reason", help="Only this reason class.")]
+ReasonOpt = Annotated[str | None, typer.Option(
+    "--reason", help="Only this reason class. [default: every reason]")]
 SinceOpt = Annotated[str | None, typer.Option(
-    "--since", help="Only dead letters of the last DURATION (90s, 15m, 2h, 1d).")]
+    "--since", help="Only dead letters of the last DURATION (90s, 15m, 2h, 1d). "
+    "[default: all time]")]
 
 
 def _dlq_filters(reason: str | None, target: str | None, since: str | None) -> Any:
@@ -605,11 +714,11 @@ def _dlq_filters(reason: str | None, target: str | None, since: str | None) -> A
 def _print_rows(cols: Any, rows: Any) -> None:
     t = Table(*cols)
     for r in rows:
-        t.add_row(*(str(v) for v in r))
+        t.add_row(*(cell(v) for v in r))
     console.print(t)
 
 
-@dlq_app.command("list")
+@dlq_app.command("list", cls=_Command)
 def dlq_list(reason: ReasonOpt = None, target: TargetOpt = None, since: SinceOpt = None,
              limit: Annotated[int, typer.Option(help="At most this many (0: all).")] = 200,
              config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
@@ -625,8 +734,8 @@ def dlq_list(reason: ReasonOpt = None, target: TargetOpt = None, since: SinceOpt
     _print_rows(cols, rows)
 
 
-@dlq_app.command("show")
-def dlq_show(event_id: Annotated[str, typer.Argument(help="Id from `dlq list`.")],
+@dlq_app.command("show", cls=_Command)
+def dlq_show(event_id: Annotated[str, typer.Argument(metavar="ID", help="Id from `dlq list`.")],
              config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
              data_dir: DataDirOpt = None) -> None:
     """One dead letter, whole: its job, full error, attempts, worker and version tuple."""
@@ -641,26 +750,36 @@ def dlq_show(event_id: Annotated[str, typer.Argument(help="Id from `dlq list`.")
     console.print_json(_json.dumps(record, default=str))
 
 
-@dlq_app.command("replay")
+@dlq_app.command("replay", cls=_Command)
 def dlq_replay(reason: ReasonOpt = None, target: TargetOpt = None, since: SinceOpt = None,
-               dry_run: Annotated[bool, typer.Option("--dry-run",
-                                                     help="Show what would go.")] = False,
+               dry_run: Annotated[bool, typer.Option(
+                   "--dry-run", help="Show what would go. [default: off]")] = False,
+               all_: Annotated[bool, typer.Option(
+                   "--all", help="With no --reason, --target or --since: replay every dead "
+                   "letter that can succeed. [default: off]")] = False,
                config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
                topic_prefix: PrefixOpt = None, clickhouse: ClickhouseOpt = None,
                data_dir: DataDirOpt = None) -> None:
     """Put the selected dead jobs back on the frontier: fresh attempts, a replay mark, the
-    normal robots, cap and dedupe path. Replaying the same selection again is a no-op."""
+    normal robots, cap, scope and dedupe path. Replaying the same selection again is a
+    no-op. robots_disallowed and address_not_allowed are replayed only when --reason names
+    them (nothing but a change of the site or the settings can cure them)."""
     from crawlfleet import dlq
     try:
         s = _settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix,
                       clickhouse=clickhouse, data_dir=data_dir)
         filters = _dlq_filters(reason, target, since)
+        if filters.empty and not all_:
+            _error("no filter: this would replay every dead letter; name --reason, --target "
+                   "or --since, or pass --all")
+            raise typer.Exit(2)
         plan, report = dlq.replay(s if dry_run else _on_cluster(s), filters, dry_run)
     except CrawlfleetError as exc:
         _fail(exc)
         return
     for job, dead_id in zip(plan.jobs, plan.ids, strict=True):
-        console.print(f"{'would replay' if dry_run else 'replayed'} {dead_id} {job['url']}")
+        console.print(f"{'would replay' if dry_run else 'replayed'} {dead_id} {job['url']}",
+                      markup=False, highlight=False)
     console.print(f"{len(plan.jobs)} {'to replay' if dry_run else 'replayed'}, "
                   f"{plan.superseded} older dead letters of the same pages, "
                   f"{plan.unreplayable} without a job (undecodable records)")
@@ -668,9 +787,10 @@ def dlq_replay(reason: ReasonOpt = None, target: TargetOpt = None, since: SinceO
         console.print(f"waited {report.waited_s:.1f}s on the frontier bound")
 
 
-@app.command("trace")
-def trace_cmd(url: Annotated[str, typer.Argument(help="The URL to follow.")],
-              profile: Annotated[str | None, typer.Option(help="Crawl profile.")] = None,
+@command("trace")
+def trace_cmd(url: Annotated[str, typer.Argument(metavar="URL", help="The URL to follow.")],
+              profile: Annotated[str | None, typer.Option(help=setting_help(
+                  "Crawl profile.", "default_profile"))] = None,
               format: Annotated[str, typer.Option(help="table | tsv")] = "table",
               config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
               data_dir: DataDirOpt = None) -> None:
@@ -689,17 +809,67 @@ def trace_cmd(url: Annotated[str, typer.Argument(help="The URL to follow.")],
         _print_rows(trace.COLUMNS, [e.row() for e in events])
 
 
+# --- plan ----------------------------------------------------------------------------------
+
+
+@command("plan")
+def plan_cmd(pages_per_day: Annotated[float, typer.Option(
+                 help="Pages to crawl a day.")],
+             targets: Annotated[int, typer.Option(help="Targets (hosts) crawled.")],
+             cap: Annotated[float | None, typer.Option(help=setting_help(
+                 "Requests per second per target.", "rate_cap"))] = None,
+             page_bytes: Annotated[float | None, typer.Option(
+                 help="Mean page size, bytes. [default: the measured site's]")] = None,
+             costs: Annotated[Path | None, typer.Option(
+                 help="Measured per-page costs (python -m bench.cost_bench). "
+                 "[default: infra/costs.json]")] = None) -> None:
+    """A capacity plan from measured per-page costs: partitions, workers per stage, broker
+    and ClickHouse load, and what saturates first."""
+    from crawlfleet import plan as plan_mod
+    try:
+        measured = plan_mod.Costs.load(costs or plan_mod.COSTS)
+        limits = plan_mod.NodeLimits(page_bytes=page_bytes)
+        rate = cap if cap is not None else _settings(None).rate_cap
+        result = plan_mod.plan(pages_per_day, targets, rate, measured, limits)
+    except CrawlfleetError as exc:
+        _fail(exc)
+        return
+    t = Table("what", "figure", title=f"plan: {pages_per_day:,.0f} pages/day over "
+              f"{targets:,} targets at {rate:g} req/s")
+    for what, figure in plan_mod.render(result, measured, limits):
+        t.add_row(cell(what), cell(figure))
+    console.print(t)
+
+
+# --- schema --------------------------------------------------------------------------------
+
+
+@command("schema")
+def schema_cmd(cluster: Annotated[str | None, typer.Option(
+                   help=setting_help("Print the schema of this ClickHouse cluster (ON CLUSTER, "
+                                     "Replicated*MergeTree, Distributed tables).",
+                                     "clickhouse_cluster", "none: one server's schema"))
+               ] = None) -> None:
+    """Print the store's DDL: what the store worker runs on start (from infra/sql)."""
+    from infra.cluster_schema import render, render_embedded
+    try:
+        sys.stdout.write(render(cluster) if cluster else render_embedded())
+    except CrawlfleetError as exc:
+        _fail(exc)
+
+
 # --- doctor --------------------------------------------------------------------------------
 
 
-@app.command("doctor")
+@command("doctor")
 def doctor_cmd(config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
                data_dir: DataDirOpt = None,
                window: Annotated[float, typer.Option(
                    help="Seconds of fetch telemetry to size leases from.")] = 3600.0,
                bootstrap: BootstrapOpt = None, topic_prefix: PrefixOpt = None,
                kafka: Annotated[bool, typer.Option(
-                   "--kafka/--no-kafka", help="Also check the topics on the broker.")] = True
+                   "--kafka/--no-kafka", help="Also check the topics on the broker. [default: on]")
+               ] = True
                ) -> None:
     """Check the settings against measured fetch durations: each finding with its fix."""
     from crawlfleet import doctor
@@ -713,7 +883,8 @@ def doctor_cmd(config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
     t = Table("check", "value", "verdict", "fix", title="crawlfleet doctor")
     colour = {doctor.OK: "green", doctor.WARN: "yellow", doctor.FAIL: "red"}
     for c in results:
-        t.add_row(c.name, c.value, f"[{colour.get(c.verdict, 'dim')}]{c.verdict}[/]", c.fix)
+        t.add_row(cell(c.name), cell(c.value),
+                  Text(c.verdict, style=colour.get(c.verdict, "dim")), cell(c.fix))
     console.print(t)
     if doctor.failed(results):
         raise typer.Exit(1)
@@ -722,10 +893,11 @@ def doctor_cmd(config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
 # --- demo ----------------------------------------------------------------------------------
 
 
-@app.command("demo-site")
-def demo_site_cmd(port: Annotated[int, typer.Option()] = 18080,
+@command("demo-site")
+def demo_site_cmd(port: Annotated[int, typer.Option(
+                      help="First loopback port of the demo's hosts.")] = 18080,
                   seeds_file: Annotated[Path | None, typer.Option(
-                      help="Write the seed URLs here.")] = None) -> None:
+                      help="Write the seed URLs here. [default: none]")] = None) -> None:
     """Serve the small multi-host demo site on loopback until interrupted."""
     from infra.demo_site import demo_spec, serve_forever
     spec = demo_spec(port)
@@ -735,10 +907,13 @@ def demo_site_cmd(port: Annotated[int, typer.Option()] = 18080,
     serve_forever(spec)
 
 
-@app.command("demo")
-def demo_cmd(port: Annotated[int, typer.Option()] = 18080,
+@command("demo")
+def demo_cmd(port: Annotated[int, typer.Option(
+                 help="First loopback port of the demo's hosts.")] = 18080,
              data_dir: DataDirOpt = None,
-             rate_cap: Annotated[float, typer.Option()] = 5.0) -> None:
+             rate_cap: Annotated[float, typer.Option(
+                 help="Requests per second per demo host (the demo's own pace: the "
+                 "crawler's default is 2.0).")] = 5.0) -> None:
     """Serve the demo site, crawl it end to end, and show what was stored."""
     from crawlfleet import crawl
     from infra.clickhouse import run_query
@@ -758,7 +933,7 @@ def demo_cmd(port: Annotated[int, typer.Option()] = 18080,
         return
     t = Table(*cols, title="pages by target and status (SELECT ... FROM pages_v)")
     for r in rows:
-        t.add_row(*(str(v) for v in r))
+        t.add_row(*(cell(v) for v in r))
     console.print(t)
     hint = 'crawlfleet sql "SELECT url, title FROM pages_v LIMIT 10"'
     console.print(f"query more with: {hint}" + (f" --data-dir {data_dir}" if data_dir else ""))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import ipaddress
+import logging
 import os
 import re
 import tomllib
@@ -52,6 +53,21 @@ class Secret:
         return hash(self._value)
 
 
+#: Where this process's Kafka clients send librdkafka's own log lines; None leaves them on
+#: stderr (a worker's stderr is its log file). See :func:`route_kafka_logs`.
+_kafka_logger: logging.Logger | None = None
+
+
+def route_kafka_logs(logger: logging.Logger | None) -> None:
+    """Send librdkafka's log lines of every client made from now on to ``logger``.
+
+    The CLI's one-shot commands do, so a broker that does not answer never floods the
+    terminal with connection-refused lines; the command says so itself, once.
+    """
+    global _kafka_logger
+    _kafka_logger = logger
+
+
 #: The longest one retry waits (a site's Retry-After is capped to it).
 MAX_RETRY_DELAY_S = 3600.0
 
@@ -64,6 +80,10 @@ class Settings:
     bootstrap_servers: str = ""
     #: ClickHouse DSN (``http://user:pw@host:8123/db``); empty means embedded chDB under data_dir.
     clickhouse_dsn: Secret = field(default_factory=lambda: Secret(""))
+    #: ClickHouse cluster of the server (``--clickhouse`` DSN): with a name, the store makes
+    #: the cluster schema (``ON CLUSTER``, replicated tables, Distributed tables for reads and
+    #: inserts; ``crawlfleet schema --cluster NAME`` prints it); empty: one server.
+    clickhouse_cluster: str = ""
     #: Root of local state: Kafka jars/data, chDB store, worker status files.
     data_dir: Path = Path(".crawlfleet")
     #: Extra librdkafka settings for every client, e.g. ``security.protocol``.
@@ -109,6 +129,13 @@ class Settings:
     target_buffer_s: float = 5.0
     target_buffer_floor: int = 8
     #: Statuses that mean the site blocks us: outcome ``blocked``, the target slows down.
+    #: Targets a fetch worker keeps state for (scheduler slot, Crawl-delay, robots.txt
+    #: rules; health too unless it is degraded): beyond this the longest-idle ones are
+    #: forgotten (only those with no work and whose next request is allowed anyway), so a
+    #: site minting host names cannot grow a worker without bound.
+    max_target_state: int = 10_000
+    #: A target idle this long is forgotten whatever the count (a degraded one too).
+    target_idle_s: float = 600.0
     block_statuses: tuple[int, ...] = (403,)
     request_timeout_s: float = 20.0
     connect_timeout_s: float = 5.0
@@ -196,6 +223,8 @@ class Settings:
     def kafka_common(self) -> dict[str, Any]:
         """librdkafka settings shared by every client (security included)."""
         conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
+        if _kafka_logger is not None:
+            conf["logger"] = _kafka_logger
         if self.kafka_security_protocol:
             conf["security.protocol"] = self.kafka_security_protocol
         if self.kafka_sasl_mechanism:
@@ -208,10 +237,28 @@ class Settings:
         return dataclasses.replace(self, **{k: _coerce_field(k, v) for k, v in changes.items()})
 
 
+#: Settings that hold secrets: never logged, and readable from a file
+#: (``CRAWLFLEET_<NAME>_FILE``).
+SECRET_FIELDS = frozenset({"clickhouse_dsn", "kafka_sasl_password"})
+
+#: Every setting's default value, by field name (what ``--help`` shows for an option left out).
+def _default_of(f: dataclasses.Field[Any]) -> Any:
+    factory: Any = f.default_factory
+    return f.default if factory is dataclasses.MISSING else factory()
+
+
+SETTING_DEFAULTS: dict[str, Any] = {f.name: _default_of(f) for f in fields(Settings)}
+
+
 def _problems(s: Settings) -> list[str]:
     out: list[str] = []
     if s.target_mode not in ("host", "domain"):
         out.append(f"target_mode must be 'host' or 'domain', not {s.target_mode!r}")
+    if not re.fullmatch(r"[A-Za-z0-9_]*", s.clickhouse_cluster):
+        out.append("clickhouse_cluster may only contain letters, digits and '_'")
+    if s.clickhouse_cluster and not s.clickhouse_dsn.get():
+        out.append("clickhouse_cluster needs a ClickHouse server (clickhouse_dsn): the "
+                   "embedded store is one process")
     if not re.fullmatch(r"[A-Za-z0-9._-]*", s.topic_prefix):
         out.append("topic_prefix may only contain letters, digits, '.', '_' and '-'")
     if s.scope not in ("same-target", "seeds", "any"):
@@ -219,12 +266,13 @@ def _problems(s: Settings) -> list[str]:
     if s.partitions < 0:
         out.append("partitions must be >= 1 (or 0 = automatic)")
     for name in ("replication", "max_inflight", "max_buffered", "max_attempts",
-                 "store_batch_rows", "max_inflight_per_target", "target_buffer_floor"):
+                 "store_batch_rows", "max_inflight_per_target", "target_buffer_floor",
+                 "max_target_state"):
         if getattr(s, name) < 1:
             out.append(f"{name} must be >= 1")
     for name in ("rate_cap", "request_timeout_s", "connect_timeout_s", "commit_interval_s",
                  "robots_ttl_s", "seen_ttl_s", "store_batch_wait_s", "target_buffer_s",
-                 "restore_timeout_s"):
+                 "restore_timeout_s", "target_idle_s"):
         if getattr(s, name) <= 0:
             out.append(f"{name} must be > 0")
     if s.sample_interval_s < 0:
@@ -362,6 +410,14 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         if name.lower() in names and name == name.upper():
             values[name.lower()] = env
             sources[name.lower()] = key
+        elif name.endswith("_FILE") and name[:-5].lower() in SECRET_FIELDS \
+                and name == name.upper():
+            # A secret from a file (Docker and Kubernetes secrets): CRAWLFLEET_<NAME>_FILE.
+            try:
+                values[name[:-5].lower()] = Path(env).read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"{key}: cannot read {env}: {exc.strerror}") from exc
+            sources[name[:-5].lower()] = key
         elif name not in RESERVED_ENV:
             unknown_env.append(key)
     if unknown_env:

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from consumers.runtime import holds_work, read_statuses
+from consumers.runtime import holds_work, kafka_answers, read_statuses
 from crawlfleet.config import Secret, Settings
 from crawlfleet.errors import InfraError
 from crawlfleet.health import HeldWork, StallWatch, read_held_work, stalls
@@ -163,6 +163,28 @@ def resolve_bootstrap(settings: Settings, start_local: bool) -> Settings:
     return settings.replace(bootstrap_servers=kafka_local.up())
 
 
+#: How long a one-shot command (publish, topics, top, pause, ...) waits for Kafka to answer
+#: before it says it cannot reach it: a live broker answers in milliseconds.
+REACH_TIMEOUT_S = 8.0
+
+
+def reach_kafka(settings: Settings, timeout_s: float = REACH_TIMEOUT_S) -> Settings:
+    """``settings`` on the cluster to use, once a broker of it answered within ``timeout_s``.
+
+    One-shot commands call this first, so an unreachable broker is one clear error with its
+    fix, not a minute of librdkafka retrying and a misleading result. Workers wait instead
+    (:func:`consumers.runtime.wait_for_kafka`).
+    """
+    settings = resolve_bootstrap(settings, start_local=False)
+    reason = kafka_answers(settings, timeout_s)
+    if reason is not None:
+        raise InfraError(f"cannot reach Kafka at {settings.bootstrap_servers} within "
+                         f"{timeout_s:.0f} s ({reason}): start the local broker with "
+                         "`crawlfleet kafka up`, or point --bootstrap (or "
+                         "CRAWLFLEET_BOOTSTRAP_SERVERS) at a running cluster")
+    return settings
+
+
 def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
               console: Console | None = None, timeout_s: float | None = None,
               keep_topics: bool = False) -> Summary:
@@ -219,7 +241,7 @@ def _crawl(settings: Settings, seeds: list[str], plan: Plan, console: Console,
         published_wall = time.time()
         report = publish(seeds, settings)
         for line, reason in report.errors:
-            console.print(f"[yellow]seed line {line}: {reason}")
+            console.print(f"seed line {line}: {reason}", style="yellow", markup=False)
         drained = _watch(settings, fleet, console, timeout_s, started)
         elapsed = time.monotonic() - started
         return _summarise(settings, report, start_wall, elapsed, drained, fleet,

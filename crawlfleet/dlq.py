@@ -50,6 +50,11 @@ class Filters:
     target: str | None = None
     since_s: float | None = None
 
+    @property
+    def empty(self) -> bool:
+        """No filter at all: every dead letter."""
+        return not self.reason and not self.target and self.since_s is None
+
     def where(self) -> tuple[str, dict[str, str | int]]:
         """A WHERE template and its values."""
         parts, values = ["1"], {}  # type: tuple[list[str], dict[str, str | int]]
@@ -137,9 +142,18 @@ def plan_replay(rows: list[dict[str, Any]]) -> ReplayPlan:
     return plan
 
 
+#: Reasons a replay cannot cure (the site's robots.txt, the address policy): replayed only
+#: when ``--reason`` names them.
+UNREPLAYABLE = ("robots_disallowed", "address_not_allowed")
+
+
 def replay(settings: Settings, filters: Filters,
            dry_run: bool = False) -> tuple[ReplayPlan, ReplayReport | None]:
+    """Replay the selected dead jobs (see :func:`producers.replay.publish_replays`); the
+    classes in :data:`UNREPLAYABLE` are left out unless ``filters.reason`` names one."""
     where, values = filters.where()
+    if not filters.reason:
+        where += " AND reason NOT IN (" + ", ".join(sql_string(r) for r in UNREPLAYABLE) + ")"
     cols, rows = select(settings, "SELECT event_id, failed_at, url, target, profile, reason, "
                         "job FROM dead_letters_v", where, "ORDER BY failed_at, event_id",
                         **values)
@@ -149,5 +163,5 @@ def replay(settings: Settings, filters: Filters,
     return plan, publish_replays(plan.jobs, settings)
 
 
-__all__ = ["Filters", "ReplayPlan", "list_dead", "parse_duration", "plan_replay", "replay",
-           "replay_id", "show"]
+__all__ = ["UNREPLAYABLE", "Filters", "ReplayPlan", "list_dead", "parse_duration",
+           "plan_replay", "replay", "replay_id", "show"]

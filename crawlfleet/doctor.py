@@ -4,8 +4,9 @@ The checks are pure functions of the settings and the fetch durations the store 
 (``fetch_events.elapsed_ms``, p50/p95/p99 over a window); :func:`diagnose` gathers both.
 A ``FAIL`` is a setting that makes work be done twice (or not at all) whenever its
 condition arises; a ``warn`` one that wastes or caps the crawl; each names its fix.
-Only the fetch stage's per-request durations are recorded: parse, store and retry keep
-no per-record durations, so their leases are checked against the timeouts only.
+The lease (``max.poll.interval.ms``) is checked against the longest gap between two polls
+each live worker measured (its ``poll_gap_ms`` gauge), not against fetch durations: fetch
+requests run beside the polls, and the session is kept by librdkafka's heartbeat thread.
 
 It also says what holds the fleet still right now, from the workers' status files and the
 store's locks: a worker waiting for its store (held by a reader or a dying predecessor) or
@@ -58,33 +59,33 @@ def _s(x: float) -> str:
     return f"{x:.3g} s" if x < 100 else f"{x:,.0f} s"
 
 
-def lease_checks(s: Settings, d: Durations | None) -> list[Check]:
-    """Session timeout and max poll interval against the measured p95 and the timeouts."""
-    out: list[Check] = []
-    for name, ms in (("session_timeout_ms", s.session_timeout_ms),
-                     ("max_poll_interval_ms", s.max_poll_interval_ms)):
-        lease = ms / 1000.0
-        if d is None or d.count == 0:
-            out.append(Check(f"{name} >= {LEASE_FACTOR:g}x p95 fetch", f"{ms} ms", NA,
-                             "no fetch durations in the store's window: crawl first, or "
-                             "widen --window"))
-        else:
-            need = LEASE_FACTOR * d.p95
-            ok = lease >= need
-            out.append(Check(f"{name} >= {LEASE_FACTOR:g}x p95 fetch",
-                             f"{_s(lease)} vs {_s(need)} (p95 {_s(d.p95)})", OK if ok else FAIL,
-                             "" if ok else f"raise {name} to at least "
-                             f"{math.ceil(need * 1000)}, or lower request_timeout_s so slow "
-                             "requests end sooner: a job outliving its lease is redone by "
-                             "the partition's next owner"))
-        ok = lease > s.request_timeout_s
-        out.append(Check(f"{name} > request_timeout_s", f"{_s(lease)} vs "
-                         f"{_s(s.request_timeout_s)}", OK if ok else FAIL,
-                         "" if ok else f"raise {name} above "
-                         f"{math.ceil(s.request_timeout_s * 1000)} or lower request_timeout_s: "
-                         "a request allowed to run longer than the lease is fetched again "
-                         "by the next owner whenever its worker stalls"))
-    return out
+def lease_checks(s: Settings, statuses: list[dict[str, Any]]) -> list[Check]:
+    """``max.poll.interval.ms`` against the longest gap between two polls each live worker
+    measured (``poll_gap_ms``): that gap -- a batch of parse, store or retry, one pass of
+    fetch's admission loop -- is what the lease must outlast. The session timeout is kept by
+    librdkafka's heartbeat thread whatever a worker does, and a fetch request runs beside
+    the polls, so neither is checked against fetch durations."""
+    gaps: dict[str, int] = {}
+    for st in statuses:
+        if worker_state(st).state == DEAD:
+            continue
+        gap = int((st.get("gauges") or {}).get("poll_gap_ms", 0))
+        stage = str(st.get("stage", "?"))
+        gaps[stage] = max(gaps.get(stage, 0), gap)
+    name = f"max_poll_interval_ms >= {LEASE_FACTOR:g}x longest gap between polls"
+    if not gaps:
+        return [Check(name, f"{s.max_poll_interval_ms} ms", NA,
+                      "no live worker to measure: run doctor beside a running fleet "
+                      "(its --data-dir and --topic-prefix)")]
+    worst = max(gaps.values())
+    need = LEASE_FACTOR * worst
+    value = ", ".join(f"{st} {ms:,} ms" for st, ms in sorted(gaps.items()))
+    ok = s.max_poll_interval_ms >= need
+    return [Check(name, f"{s.max_poll_interval_ms:,} ms vs {need:,.0f} ({value})",
+                  OK if ok else FAIL, "" if ok else
+                  f"raise max_poll_interval_ms to at least {math.ceil(need)}, or lower "
+                  "store_batch_rows / the batch size: a worker whose batch outlives the "
+                  "lease is dropped from its group and its batch is redone by the next owner")]
 
 
 def seen_ttl_check(s: Settings) -> Check:
@@ -240,7 +241,7 @@ def store_owner_check(s: Settings) -> Check:
     if s.clickhouse_dsn.get():
         return Check(name, "a ClickHouse server", NA)
     if not s.clickhouse_path.exists():
-        return Check(name, f"no store at {s.clickhouse_path}", NA)
+        return Check(name, f"no store at {s.clickhouse_path.resolve()}", NA)
     owner = StoreOwnership(s)
     if not owner.lock.held():
         return Check(name, "no store worker runs", OK if not (
@@ -257,10 +258,12 @@ def store_owner_check(s: Settings) -> Check:
                  "store worker's check above")
 
 
-def checks(s: Settings, d: Durations | None, txn_timeout_ms: int) -> list[Check]:
+def checks(s: Settings, d: Durations | None, txn_timeout_ms: int,
+           statuses: list[dict[str, Any]] | None = None) -> list[Check]:
     """Every check, in the order they are printed."""
-    return [*lease_checks(s, d), seen_ttl_check(s), transaction_check(s, txn_timeout_ms),
-            commit_check(s), *rate_checks(s, d), *other_checks(s)]
+    return [*lease_checks(s, statuses or []), seen_ttl_check(s),
+            transaction_check(s, txn_timeout_ms), commit_check(s), *rate_checks(s, d),
+            *other_checks(s)]
 
 
 def failed(results: list[Check]) -> bool:
@@ -300,6 +303,16 @@ def seen_retention_ms(s: Settings) -> int | None:
     return int(configs["retention.ms"].value)
 
 
+def kafka_check(s: Settings) -> Check:
+    """Whether the configured (or local) Kafka answers: the first thing a stalled fleet needs."""
+    from crawlfleet.crawl import reach_kafka
+    try:
+        where = reach_kafka(s).bootstrap_servers
+    except CrawlfleetError as exc:
+        return Check("kafka", "unreachable", FAIL, str(exc))
+    return Check("kafka", f"answers at {where}", OK, "")
+
+
 def diagnose(s: Settings, window_s: float,
              kafka: bool = True) -> tuple[list[Check], Durations | None]:
     """The checks for ``s`` with the store's durations (none if the store cannot say) and,
@@ -309,7 +322,8 @@ def diagnose(s: Settings, window_s: float,
     from consumers.runtime import read_statuses
     durations: Durations | None
     # What stands still now first: the store query below may wait for a starting worker.
-    note: list[Check] = [*worker_checks(read_statuses(s.status_dir)), store_owner_check(s)]
+    statuses = read_statuses(s.status_dir)
+    note: list[Check] = [*worker_checks(statuses), store_owner_check(s)]
     try:
         durations = fetch_durations(s, window_s)
     except CrawlfleetError as exc:
@@ -320,11 +334,12 @@ def diagnose(s: Settings, window_s: float,
                           f"{durations.count} requests, p50 {_s(durations.p50)}, p95 "
                           f"{_s(durations.p95)}, p99 {_s(durations.p99)}, max "
                           f"{_s(durations.max)}", OK if durations.count else NA))
-    note.append(Check("parse / store / retry durations", "not recorded", NA,
-                      "only fetch requests are timed in the store: the other stages' "
-                      "share of the leases is not sized from evidence"))
-    results = checks(s, durations, txn_ms)
+    results = checks(s, durations, txn_ms, statuses)
     if kafka:
+        reach = kafka_check(s)
+        note.insert(0, reach)
+        if reach.verdict == FAIL:
+            return [*note, *results], durations
         try:
             retention = seen_retention_check(s, seen_retention_ms(s))
         except CrawlfleetError as exc:

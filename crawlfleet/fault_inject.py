@@ -24,7 +24,7 @@ from crawlfleet.chaos_report import FaultRecord
 from crawlfleet.config import Settings
 from crawlfleet.crawl import settings_env
 from crawlfleet.errors import CrawlfleetError
-from crawlfleet.fault_plan import STATE_WIPE, STORE_RESTART
+from crawlfleet.fault_plan import ROLLING_RESTART, STATE_WIPE, STORE_RESTART
 from infra import kafka_local
 
 #: A killed broker stays down this long before it is started again.
@@ -106,6 +106,52 @@ class RestartAll(FaultThread):
         began = time.monotonic()
         kafka_local.restart_all(self.home, hard=True, down_s=ALL_DOWN_S)
         self.record.detail = f"all brokers back after {time.monotonic() - began:.1f}s"
+
+
+#: After each step of a rolling restart: a broker's replicas catch up, a worker rejoins.
+ROLL_SETTLE_S = 5.0
+#: The longest a rolling restart waits for a stopped worker to be serving again.
+ROLL_WORKER_WAIT_S = 90.0
+
+
+class RollingRestart(FaultThread):
+    """A deployment's rolling restart: every broker stopped cleanly (SIGTERM) and started
+    again, one after another, then every worker of every stage stopped cleanly (``stop``:
+    it commits what it finished and leaves) and restarted by the fleet under its own id,
+    one after another, each back before the next goes. ``paces`` records the pages stored
+    per second during each step, for the report (never judged)."""
+
+    def __init__(self, record: FaultRecord, t0: float, home: Path, nodes: int,
+                 stop: KillFn, workers: Callable[[], list[str]],
+                 serving: Callable[[str], bool], stored: Callable[[], int]) -> None:
+        super().__init__(record, t0)
+        self.home, self.nodes, self.stop = home, nodes, stop
+        self.workers, self.serving, self.stored = workers, serving, stored
+        self.paces: list[tuple[str, float]] = []
+
+    def _step(self, what: str, action: Callable[[], None]) -> None:
+        began, before = time.monotonic(), self.stored()
+        action()
+        self.cancel.wait(ROLL_SETTLE_S)
+        took = max(1e-3, time.monotonic() - began)
+        self.paces.append((what, (self.stored() - before) / took))
+
+    def inject(self) -> None:
+        for node in range(1, self.nodes + 1):
+            def bounce(node: int = node) -> None:
+                kafka_local.stop_node(node, base_dir=self.home, hard=False)
+                kafka_local.start_node(node, base_dir=self.home)
+            self._step(f"broker {node}", bounce)
+        for wid in sorted(self.workers()):
+            def restart(wid: str = wid) -> None:
+                self.stop(wid, ROLLING_RESTART)
+                until = time.monotonic() + ROLL_WORKER_WAIT_S
+                while not self.serving(wid) and time.monotonic() < until \
+                        and not self.cancel.is_set():
+                    self.cancel.wait(0.5)
+            self._step(wid, restart)
+        self.record.detail = "pages/s per step: " + ", ".join(
+            f"{what} {pace:.1f}" for what, pace in self.paces)
 
 
 class StoreRestart(FaultThread):

@@ -25,10 +25,14 @@ BROKER_FREEZE = "broker_freeze"  # SIGSTOP of one broker past the session timeou
 RESTART_ALL = "restart_all"  # every broker killed at once, all started again
 STORE_RESTART = "store_restart"  # kill -9 of the store worker while readers query it
 STATE_WIPE = "state_wipe"  # kill -9 of a fetch or retry worker, its local state deleted
+#: every broker stopped cleanly and started again, one after another, then every worker
+#: of every stage: a deployment's rolling restart (not in the soak's mix: it is slow, and
+#: its faults are the gentle ones of the others)
+ROLLING_RESTART = "rolling_restart"
 
 #: The faults a round mixes with its worker kills, each a scenario of its own.
 HEAVY: tuple[str, ...] = (BROKER_KILL, BROKER_FREEZE, RESTART_ALL, STORE_RESTART, STATE_WIPE)
-FAULT_KINDS: tuple[str, ...] = (WORKER_KILL, *HEAVY)
+FAULT_KINDS: tuple[str, ...] = (WORKER_KILL, *HEAVY, ROLLING_RESTART)
 #: Faults that need a second and third broker to leave the cluster serving.
 NEEDS_THREE_NODES = frozenset({BROKER_KILL, BROKER_FREEZE})
 #: Stages with local state a wipe can delete (fetch: seen + parked; retry: timers).

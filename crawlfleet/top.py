@@ -32,6 +32,7 @@ from consumers.runtime import read_statuses
 from crawlfleet.config import Settings
 from crawlfleet.errors import CrawlfleetError
 from crawlfleet.health import HeldWork, read_held_work, stalls
+from crawlfleet.timefmt import clock_utc
 from infra.clickhouse import run_query
 from infra.kafka_io import topology_of
 from infra.lag import LagProbe
@@ -189,11 +190,27 @@ class FleetView:
         self.control.close()
 
 
+def fleet_state(snap: Snapshot) -> str:
+    """The header's one word for the fleet: paused (a person said so), no workers (no stage
+    has a live member), partly running (some stage has none), or running."""
+    if snap.paused:
+        return "paused"
+    staffed = [bool(v.members) for v in snap.stages.values()]
+    if not any(staffed):
+        return "no workers"
+    return "running" if all(staffed) and len(staffed) == len(STAGES) else "partly running"
+
+
+_STATE_STYLE = {"paused": "red", "no workers": "yellow", "partly running": "yellow",
+                "running": "green"}
+
+
 def render(snap: Snapshot) -> RenderableType:
     parts: list[RenderableType] = []
-    state = "[red]PAUSED[/red]" if snap.paused else "[green]running[/green]"
+    word = fleet_state(snap)
+    state = f"[{_STATE_STYLE[word]}]{word.upper() if word == 'paused' else word}[/]"
     head = Text.from_markup(f"crawlfleet top — fleet {state} — "
-                            f"{time.strftime('%H:%M:%S', time.localtime(snap.at))}")
+                            f"{clock_utc(snap.at)}")
     parts.append(head)
     st = Table(title="stages", title_justify="left")
     for col in ("stage", "lag", "trend", "records/s", "workers", "state"):
@@ -206,7 +223,8 @@ def render(snap: Snapshot) -> RenderableType:
         state = f"[bold red]{escape(v.stalled)}[/]" if v.stalled else \
             ("working" if v.lag else "caught up")
         st.add_row(name, str(v.lag), sparkline(v.trend), f"{v.rate:.1f}",
-                   f"{len(v.members)}: {', '.join(v.members)}", state)
+                   f"{len(v.members)}: {', '.join(v.members)}" if v.members else "none",
+                   state)
     parts.append(st)
     if snap.held is not None:
         style = "" if snap.held.empty else "bold yellow"
@@ -216,7 +234,7 @@ def render(snap: Snapshot) -> RenderableType:
         for col in ("worker", "code", "fetcher", "requests", "success", "blocked"):
             wt.add_column(col)
         for w in snap.workers:
-            wt.add_row(*(str(w[c]) for c in ("worker", "code", "fetcher", "requests",
+            wt.add_row(*(Text(str(w[c])) for c in ("worker", "code", "fetcher", "requests",
                                               "success", "blocked")))
         parts.append(wt)
     if snap.targets:
@@ -224,14 +242,14 @@ def render(snap: Snapshot) -> RenderableType:
         for col in ("target", "requests", "block_rate", "retry_rate"):
             tt.add_column(col)
         for t in snap.targets:
-            tt.add_row(*(str(t[c]) for c in ("target", "requests", "block_rate", "retry_rate")))
+            tt.add_row(*(Text(str(t[c])) for c in ("target", "requests", "block_rate",
+                                                    "retry_rate")))
         parts.append(tt)
     dead = ", ".join(f"{r} {n}" for r, n in snap.dead.items()) or "none"
     parts.append(Text(f"dead letters (last {RECENT_S // 60} min): {dead}"))
     paused = ", ".join(snap.paused_targets) or "none"
     caps = ", ".join(f"{t}={c:g}/s" for t, c in sorted(snap.caps.items())) or "none"
     parts.append(Text(f"paused targets: {paused}   live caps: {caps}"))
-    parts.append(Text("quarantined: none (quarantine arrives with crawl identities)"))
     for note in snap.notes:
         parts.append(Text(f"note: {note}", style="yellow"))
     return Group(*parts)

@@ -23,6 +23,7 @@ from typing import Any
 
 from crawlfleet.config import Settings
 from crawlfleet.dlq import select
+from crawlfleet.timefmt import iso_utc
 from crawlfleet.urls import canonicalize, dedupe_key
 
 #: Order of events stamped in the same millisecond: a job's life runs this way.
@@ -45,7 +46,7 @@ class Event:
     version: str
 
     def row(self) -> tuple[str, ...]:
-        return (self.ts.isoformat(timespec="milliseconds").replace("+00:00", "Z"), self.url,
+        return (iso_utc(self.ts), self.url,
                 self.event, "" if self.attempt is None else str(self.attempt),
                 "" if self.status is None else str(self.status), self.detail, self.worker,
                 self.version)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
+import ada_url
+from publicsuffixlist import PublicSuffixList
 from w3lib.url import canonicalize_url
 
 from crawlfleet.errors import ForbiddenAddressError, InvalidURLError
@@ -51,6 +53,8 @@ def _already_canonical(url: str) -> bool:
     if m is None or len(url) > MAX_URL_LENGTH or "xn--" in m[2] or len(m[2]) > 253 \
             or "/." in m[4]:  # dot segments are resolved by w3lib
         return False
+    if ends_in_number(m[2]) and not _is_ip(m[2]):  # 2130706433, 127.1: an address, spelt
+        return False
     port = m[3]
     return port is None or (int(port) <= 65535 and int(port) != DEFAULT_PORTS[m[1]])
 
@@ -71,6 +75,8 @@ def _canonicalize(url: str) -> str:
         port = parts.port
     except ValueError as exc:  # bad port, bad IPv6 literal
         raise InvalidURLError(f"malformed URL {url!r}: {exc}") from exc
+    if not _is_ip(host) and ends_in_number(host):
+        host = _whatwg_ipv4(host, url)
     try:
         host = host.encode("idna").decode("ascii").lower() if not _is_ip(host) else host
     except UnicodeError as exc:
@@ -90,6 +96,31 @@ def _canonicalize(url: str) -> str:
 
 
 _canonicalize_cached = lru_cache(maxsize=1 << 16)(_canonicalize)
+
+_NUMBER_LABEL = re.compile(r"[0-9]+|0[xX][0-9a-fA-F]*")
+
+
+def ends_in_number(host: str) -> bool:
+    """WHATWG's "ends in a number": the host's last label (a trailing dot dropped) is
+    digits or ``0x`` hex, so a browser reads the whole host as an IPv4 address."""
+    labels = host.split(".")
+    if len(labels) > 1 and labels[-1] == "":
+        labels.pop()
+    return bool(_NUMBER_LABEL.fullmatch(labels[-1]))
+
+
+def _whatwg_ipv4(host: str, url: str) -> str:
+    """The dotted quad a browser connects to for ``host`` (``2130706433``, ``127.1``,
+    ``0177.0.0.1``, ``127.000.000.001``, ``127.0.0.1.``, ``0x7f.1`` are all 127.0.0.1), by the
+    WHATWG host parser (ada): one spelling, so one dedupe key, target and policy decision."""
+    try:
+        parsed = ada_url.URL(f"http://{host}/").hostname
+    except ValueError as exc:
+        raise InvalidURLError(f"host of {url!r} ends in a number but is no IPv4 address"
+                              ) from exc
+    if not _is_ip(parsed):  # never: the parser returns an address or fails
+        raise InvalidURLError(f"host of {url!r} is not an IPv4 address: {parsed!r}")
+    return str(parsed)
 
 #: WHATWG's forbidden domain code points (C0 controls, space, ``#%/:<>?@[\\]^|``, DEL).
 _FORBIDDEN_HOST_CHARS = frozenset(chr(c) for c in range(0x21)) | frozenset("#%/:<>?@[\\]^|\x7f")
@@ -119,8 +150,9 @@ def origin_of(url: str) -> str:
 def target_of(url: str, mode: str = "host") -> str:
     """The politeness unit of a canonical URL: its host, or its registrable domain.
 
-    ``domain`` mode approximates the registrable domain by the last two labels (three when
-    the second-level label is a common public suffix like ``co.uk``); IP hosts stay whole.
+    ``domain`` mode takes the registrable domain from the Public Suffix List (its private
+    section included: ``a.github.io`` and ``b.github.io`` are two sites); IP hosts, and hosts
+    that are a public suffix themselves (``localhost``, ``co.uk``), stay whole.
     """
     return _target_of_cached(url, mode) if len(url) <= _CACHED_URL_LENGTH \
         else _target_of(url, mode)
@@ -130,17 +162,22 @@ def _target_of(url: str, mode: str) -> str:
     host = host_of(url)
     if mode == "host" or _is_ip(host):
         return host
-    labels = host.split(".")
-    if len(labels) <= 2:
-        return host
-    keep = 3 if labels[-2] in _SECOND_LEVEL_SUFFIXES and len(labels[-1]) == 2 else 2
-    return ".".join(labels[-keep:])
+    return registrable_domain(host)
+
+
+@lru_cache(maxsize=1)
+def _suffixes() -> PublicSuffixList:
+    return PublicSuffixList()  # the snapshot bundled with the pinned package: no download
+
+
+def registrable_domain(host: str) -> str:
+    """``host``'s registrable domain by the Public Suffix List (the host if it has none)."""
+    return _suffixes().privatesuffix(host.rstrip(".")) or host
 
 
 _target_of_cached = lru_cache(maxsize=1 << 16)(_target_of)
 
 
-_SECOND_LEVEL_SUFFIXES = frozenset({"co", "com", "net", "org", "ac", "gov", "edu", "ne", "or"})
 
 
 def resolve_link(base: str, href: str) -> str | None:
@@ -196,9 +233,11 @@ def _embedded_ipv4(addr: _IPAddr) -> list[ipaddress.IPv4Address]:
 
 
 def _public(addr: _IPAddr) -> bool:
+    # fec0::/10 (site-local, deprecated but routed inside sites) is what Python calls global.
+    site_local = isinstance(addr, ipaddress.IPv6Address) and addr.is_site_local
     return addr.is_global and not (addr.is_private or addr.is_loopback or addr.is_link_local
                                    or addr.is_multicast or addr.is_reserved
-                                   or addr.is_unspecified)
+                                   or addr.is_unspecified or site_local)
 
 
 def address_is_public(ip: str) -> bool:

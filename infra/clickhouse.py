@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hmac
 import http.client
 import json
 import logging
 import os
 import re
+import secrets
 import socket
 import sys
 import threading
@@ -32,7 +34,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import date, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -43,11 +45,22 @@ from clickhouse_connect.driver.insert import InsertContext
 
 from crawlfleet.config import Settings
 from crawlfleet.errors import ConfigError, InfraError, QueryError, RetryableError
+from crawlfleet.timefmt import iso_utc
+from infra.cluster_schema import cluster_statements
 
 log = logging.getLogger("crawlfleet.clickhouse")
 
 SQL_DIR = Path(__file__).parent / "sql"
 PORT_FILE = "query.port"
+#: The query endpoint's secret, readable by the owner's user only: a request without it, or
+#: from a browser (an ``Origin`` header), is refused.
+TOKEN_FILE = "query.token"  # noqa: S105 - a file name, not a secret
+TOKEN_HEADER = "X-Crawlfleet-Token"  # noqa: S105 - a header name
+#: Every query from outside the store worker runs under these: reads only (no DDL, no
+#: writes, no settings changes, and no table functions that reach out of the store --
+#: ``url``, ``file``, ``remote``, ``s3`` ... are refused in readonly mode). Only ``readonly``:
+#: once a query ran read-only, chDB refuses any other setting on later ones.
+READ_ONLY_SETTINGS = {"readonly": 1}
 #: Held by the store worker for its whole life: while it is held, readers never open the path.
 OWNER_LOCK = "owner.lock"
 #: Held by whoever has the engine open (the store worker, or one reader for one query).
@@ -233,6 +246,7 @@ class Store:
         self._lock = threading.Lock()
         self._contexts: dict[tuple[str, tuple[str, ...]], InsertContext] = {}
         self.embedded = not settings.clickhouse_dsn.get()
+        self.cluster = settings.clickhouse_cluster if not self.embedded else ""
         self.path = settings.clickhouse_path
         self._open_lock: PathLock | None = None
         if self.embedded:
@@ -242,7 +256,11 @@ class Store:
                 self._client = clickhouse_connect.get_client(interface="chdb",
                                                              path=str(self.path))
             else:
-                self._client = clickhouse_connect.get_client(dsn=settings.clickhouse_dsn.get())
+                # On a cluster, inserts go through Distributed tables synchronously, so each
+                # batch's deduplication token reaches the shard's replicated table.
+                extra = {"insert_distributed_sync": 1} if self.cluster else None
+                self._client = clickhouse_connect.get_client(
+                    dsn=settings.clickhouse_dsn.get(), settings=extra)
         except Exception as exc:  # chDB/driver raise many types; surface one clear error
             if self._open_lock is not None:
                 self._open_lock.release()
@@ -266,6 +284,12 @@ class Store:
         return lock
 
     def ensure_schema(self) -> None:
+        """The tables and views, made or brought up to date (idempotent); on a cluster, its
+        schema (:mod:`infra.cluster_schema`, from the same source)."""
+        if self.cluster:
+            for stmt in cluster_statements(self.cluster):
+                self.command(stmt)
+            return
         for name in ("schema.sql", "dashboards.sql"):
             for stmt in _statements((SQL_DIR / name).read_text()):
                 self.command(stmt)
@@ -314,6 +338,14 @@ class Store:
             result = self._client.query(sql)
         return list(result.column_names), [tuple(r) for r in result.result_rows]
 
+    def read_only_query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """``sql`` as a reader's query: :data:`READ_ONLY_SETTINGS` on the embedded store (a
+        server's DSN user carries its own grants)."""
+        with self._lock:
+            result = self._client.query(sql, settings=READ_ONLY_SETTINGS if self.embedded
+                                        else None)
+        return list(result.column_names), [tuple(r) for r in result.result_rows]
+
     def scalar(self, sql: str) -> Any:
         _, rows = self.query(sql)
         return rows[0][0] if rows else None
@@ -338,7 +370,7 @@ def _statements(text: str) -> list[str]:
 
 def _jsonable(v: Any) -> Any:
     if isinstance(v, datetime):
-        return (v if v.tzinfo else v.replace(tzinfo=UTC)).isoformat()
+        return iso_utc(v)
     if isinstance(v, date):
         return v.isoformat()
     if isinstance(v, bytes):
@@ -349,24 +381,41 @@ def _jsonable(v: Any) -> Any:
 
 
 class QueryServer:
-    """Serves read queries of the store's owner process on 127.0.0.1 (embedded mode only)."""
+    """Serves read queries of the store's owner process on 127.0.0.1 (embedded mode only).
+
+    Not an open door to the store: every request must carry the token from
+    :data:`TOKEN_FILE` (mode 0600, written before the port file), a request carrying a
+    browser ``Origin`` is refused (a web page can post to loopback without a preflight),
+    and every query runs read-only (:data:`READ_ONLY_SETTINGS`) on a connection of its own,
+    so a heavy query never holds the worker's inserts.
+    """
 
     def __init__(self, store: Store, port_dir: Path) -> None:
         self._store = store
         self._port_file = port_dir / PORT_FILE
-        store_ref = store
+        self._token_file = port_dir / TOKEN_FILE
+        self._token = secrets.token_hex(32)
+        reader = _ReadConnection(store.path)
+        self._reader = reader
+        token = self._token
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                sql = self.rfile.read(int(self.headers.get("Content-Length", "0"))).decode()
+                refused = _refusal(self.headers, token)
+                if refused:
+                    self._answer(403, {"error": refused})
+                    return
+                sql = self.rfile.read(int(self.headers.get("Content-Length", "0"))).decode(
+                    "utf-8", "replace")
                 try:
-                    cols, rows = store_ref.query(sql)
-                    body = json.dumps({"columns": cols,
+                    cols, rows = reader.query(sql)
+                    self._answer(200, {"columns": cols,
                                        "rows": [[_jsonable(v) for v in r] for r in rows]})
-                    code = 200
                 except Exception as exc:  # report any SQL error to the caller, keep serving
-                    body, code = json.dumps({"error": str(exc)}), 400
-                data = body.encode()
+                    self._answer(400, {"error": str(exc)})
+
+            def _answer(self, code: int, payload: dict[str, Any]) -> None:
+                data = json.dumps(payload).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -382,14 +431,56 @@ class QueryServer:
 
     def start(self) -> None:
         self._thread.start()
+        _write_private(self._token_file, self._token)
         tmp = self._port_file.with_suffix(".tmp")  # readers never see a half-written port
         tmp.write_text(str(self._server.server_address[1]))
         tmp.replace(self._port_file)
 
     def stop(self) -> None:
         self._port_file.unlink(missing_ok=True)
+        self._token_file.unlink(missing_ok=True)
         self._server.shutdown()
         self._server.server_close()
+        self._reader.close()
+
+
+def _refusal(headers: Any, token: str) -> str:
+    """Why a request to the query endpoint is refused ("" if it is not)."""
+    if headers.get("Origin") is not None:
+        return "browser requests are refused (a request carrying an Origin header)"
+    given = headers.get(TOKEN_HEADER) or ""
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        return f"no valid {TOKEN_HEADER}: read it from {TOKEN_FILE} beside the store"
+    return ""
+
+
+def _write_private(path: Path, text: str) -> None:
+    """``text`` into ``path``, readable and writable by this user only, replaced whole."""
+    tmp = path.with_suffix(".tmp-token")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    tmp.replace(path)
+
+
+class _ReadConnection:
+    """The query server's own connection to the engine the store worker has open: readers'
+    queries wait for each other, never for the worker's inserts (chDB runs one engine per
+    process; each connection runs its queries on its own)."""
+
+    def __init__(self, path: Path) -> None:
+        self._lock = threading.Lock()
+        self._client = clickhouse_connect.get_client(interface="chdb", path=str(path))
+
+    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        with self._lock:
+            result = self._client.query(sql, settings=READ_ONLY_SETTINGS)
+        return list(result.column_names), [tuple(r) for r in result.result_rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._client.close()
 
 
 def run_query(settings: Settings, sql: str, *, wait_s: float = READER_WAIT_S,
@@ -427,15 +518,17 @@ def _run_query(settings: Settings, sql: str, wait_s: float,
         return _local_query(Store(settings), sql)
     path = settings.clickhouse_path
     if not path.exists():
-        raise ConfigError(f"no crawl store at {path}; run a crawl first "
-                          "or pass --data-dir / --clickhouse")
+        raise ConfigError(f"no crawl store at {path.resolve()} (the data dir is relative to "
+                          "where you run the command): run a crawl first, run from the "
+                          "crawl's directory, or point at its store with --data-dir "
+                          "(CRAWLFLEET_DATA_DIR) or --clickhouse")
     deadline = time.monotonic() + wait_s
     told = False
     while True:
         port = _port(path)
         if port is not None:
             try:
-                return _remote_query(port, sql)
+                return _remote_query(port, sql, _token(path))
             except _OwnerGone:
                 pass  # a stale port file, or a worker that just died: the locks decide
         try:
@@ -456,7 +549,7 @@ def _run_query(settings: Settings, sql: str, wait_s: float,
 
 def _local_query(store: Store, sql: str) -> tuple[list[str], list[list[Any]]]:
     try:
-        cols, rows = store.query(sql)
+        cols, rows = store.read_only_query(sql)
         return cols, [[_jsonable(v) for v in r] for r in rows]
     finally:
         store.close()
@@ -474,13 +567,33 @@ class _OwnerGone(RetryableError):
     died mid-query): internal to :func:`_run_query`, which then consults the locks."""
 
 
-def _remote_query(port: int, sql: str) -> tuple[list[str], list[list[Any]]]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/", data=sql.encode(), method="POST")
+def query_owner(path: Path, sql: str) -> tuple[list[str], list[list[Any]]]:
+    """``sql`` through the live store worker of the store at ``path`` only, never opening
+    the engine here; a :class:`CrawlfleetError` when none serves (probes, tests)."""
+    port = _port(path)
+    if port is None:
+        raise InfraError(f"no store worker serves the store at {path}")
+    return _remote_query(port, sql, _token(path))
+
+
+def _token(path: Path) -> str:
+    try:
+        return (path / TOKEN_FILE).read_text().strip()
+    except OSError:
+        return ""  # a worker that is starting or gone: its answer says which
+
+
+def _remote_query(port: int, sql: str, token: str) -> tuple[list[str], list[list[Any]]]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/", data=sql.encode(), method="POST",
+                                 headers={TOKEN_HEADER: token})
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 - loopback only
             payload = json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         payload = json.loads(exc.read())
+        if exc.code == 403:
+            raise InfraError(f"the store worker on port {port} refused the query: "
+                             f"{payload.get('error')}") from exc
         raise QueryError(engine_message(str(payload.get("error")))) from exc
     except urllib.error.URLError as exc:
         if isinstance(exc.reason, ConnectionError):

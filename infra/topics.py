@@ -101,6 +101,12 @@ def _taken(settings: Settings, topics: list[str], groups: list[str]) -> Namespac
         f"--topic-prefix {settings.topic_prefix}, or start this one without --topic-prefix")
 
 
+def missing_topics(settings: Settings, names: list[str], timeout_s: float = 10.0) -> list[str]:
+    """Those of ``names`` the cluster does not have (nothing is created by asking)."""
+    metadata = _list_topics(AdminClient(settings.kafka_common()), settings, timeout_s)
+    return sorted(n for n in names if n not in metadata or metadata[n].error is not None)
+
+
 def existing_partitions(settings: Settings, timeout_s: float = 10.0) -> int | None:
     """Partition count of this prefix's existing frontier topic (None if it does not exist)."""
     admin = AdminClient(settings.kafka_common())

@@ -16,9 +16,10 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from crawlfleet.config import Settings
-from crawlfleet.errors import CrawlfleetError, InvalidURLError, KafkaStageError
+from crawlfleet.errors import ConfigError, CrawlfleetError, InvalidURLError, KafkaStageError
 from crawlfleet.urls import canonicalize, dedupe_key, target_of
 from infra.kafka_io import Encoder, Output, producer_conf, topology_of
+from infra.topics import missing_topics
 from producers.backpressure import FrontierGate
 from producers.lineage import ENQUEUED, lineage_event
 
@@ -79,10 +80,34 @@ def jobs_from_lines(lines: Iterable[str], settings: Settings,
         yield job
 
 
+class TopicsMissingError(ConfigError):
+    """The topics a publisher writes do not exist: nothing was sent. ``report`` still holds
+    the input's bad lines, so fixing the topics and the input is one round, not two."""
+
+    def __init__(self, message: str, report: PublishReport) -> None:
+        super().__init__(message)
+        self.report = report
+
+
 def publish(lines: Iterable[str], settings: Settings) -> PublishReport:
-    """Publish every good line to the frontier (idempotent producer, acks=all)."""
+    """Publish every good line to the frontier (idempotent producer, acks=all).
+
+    Topics that do not exist are found before anything is sent (a producer would otherwise
+    wait out its delivery timeout on them): :class:`TopicsMissingError`, with the bad lines.
+    """
     report = PublishReport()
     topology = topology_of(settings)
+    missing = missing_topics(settings, [topology.frontier, topology.frontier_high,
+                                        topology.lineage])
+    if missing:
+        for _ in jobs_from_lines(lines, settings, report):
+            pass  # validate every line all the same: the report names the bad ones
+        raise TopicsMissingError(
+            f"topic{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+            f"{'do' if len(missing) > 1 else 'does'} not exist on Kafka at "
+            f"{settings.bootstrap_servers}: nothing was published; create the crawl topics "
+            "with `crawlfleet topics create` (with the same --topic-prefix) and publish again",
+            report)
     encoder = Encoder(topology, "publisher")
     producer = Producer(producer_conf(settings, "crawlfleet-publisher"))
     failures: list[str] = []

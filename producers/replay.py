@@ -35,8 +35,10 @@ from producers.backpressure import FrontierGate
 from producers.frontier import produce_patiently
 from producers.lineage import ENQUEUED, lineage_event
 
-#: Job meta key of the replay id (reserved, like ``redirect_hops``).
+#: Job meta key of the replay id (reserved, like :data:`REDIRECT_HOPS`).
 REPLAY_META = "replay_id"
+#: Job meta key: redirect hops that led to this job (the max-redirects cap spans jobs).
+REDIRECT_HOPS = "redirect_hops"
 
 
 def replay_id(dead_letter_id: str) -> str:

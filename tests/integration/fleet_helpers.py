@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -32,7 +31,8 @@ from confluent_kafka.admin import AdminClient
 from consumers.runtime import holds_work
 from crawlfleet.config import Settings
 from crawlfleet.crawl import settings_env
-from infra.clickhouse import PORT_FILE, run_query
+from crawlfleet.errors import CrawlfleetError
+from infra.clickhouse import PORT_FILE, query_owner, run_query
 from infra.kafka_io import topology_of
 from infra.lag import LagProbe
 from infra.topics import create_topics
@@ -278,17 +278,23 @@ app()
 # --- store -----------------------------------------------------------------------------------
 
 
+def slow_sql(seconds: int) -> str:
+    """A read-only query that holds the engine about ``seconds`` (a multiple of 3): chDB caps
+    one sleep at 3 s, and readers may not set ``max_block_size`` (they run ``readonly``), so
+    the sleeps are nested, each level waiting for the one below it."""
+    sql = "SELECT sleep(3) AS x"
+    for _ in range(max(1, seconds // 3) - 1):
+        sql = f"SELECT sleep(3) + x AS x FROM ({sql})"
+    return f"SELECT x AS s FROM ({sql})"  # one column, s: 0
+
+
 def store_ready(settings: Settings) -> bool:
     """The store process is serving queries (never open chDB in the test process: asked over
     its endpoint only, as a stale port file left by a killed worker would otherwise make
     run_query open the path here)."""
     try:
-        port = int((settings.clickhouse_path / PORT_FILE).read_text())
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/", data=b"SELECT 1",
-                                     method="POST")
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return bool(json.loads(resp.read()).get("rows") == [[1]])
-    except (OSError, ValueError):
+        return query_owner(settings.clickhouse_path, "SELECT 1")[1] == [[1]]
+    except (OSError, ValueError, CrawlfleetError):
         return False
 
 

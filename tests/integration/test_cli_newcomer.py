@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -136,13 +138,104 @@ def test_the_escape_hatch_and_dead_letter_commands_as_an_operator_runs_them(
         f"{settings.topic_prefix}crawl.dead:0:7", datetime.now(UTC), job["url"], "127.0.0.2",
         "default", f"{settings.topic_prefix}crawl.frontier", "http_503", "HTTP 503 from x", 3,
         "fetch-0", "0.1.0", "00", json.dumps(job))], "t1")
+    barred = {**job, "url": "http://127.0.0.2:18099/private/x", "last_error": None}
+    st.insert("dead_letters", DEAD_COLUMNS, [(
+        f"{settings.topic_prefix}crawl.dead:0:8", datetime.now(UTC), barred["url"],
+        "127.0.0.2", "default", f"{settings.topic_prefix}crawl.frontier", "robots_disallowed",
+        "robots.txt disallows it", 1, "fetch-0", "0.1.0", "00", json.dumps(barred))], "t2")
     st.close()
     listed = _cli(env, "dlq", "list", "--reason", "http_503", "--since", "1h")
     assert listed.returncode == 0, listed.stderr
     assert "crawl.dead:0:7" in listed.stdout and "gone" in listed.stdout
+    # One time format everywhere (trace prints the same): UTC, milliseconds, "Z".
+    assert re.search(r"T\d{2}:\d{2}:\d{2}\.\d{3}Z", listed.stdout), listed.stdout
+    assert "+00:00" not in listed.stdout
     shown = _cli(env, "dlq", "show", f"{settings.topic_prefix}crawl.dead:0:7")
     assert shown.returncode == 0, shown.stderr
     assert "HTTP 503 from x" in shown.stdout
     dry = _cli(env, "dlq", "replay", "--reason", "http_503", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert "would replay" in dry.stdout and "1 to replay" in dry.stdout
+    unfiltered = _cli(env, "dlq", "replay", "--dry-run")
+    assert unfiltered.returncode == 2 and "--all" in unfiltered.stderr
+    every = _cli(env, "dlq", "replay", "--all", "--dry-run")
+    assert every.returncode == 0, every.stderr
+    assert "1 to replay" in every.stdout and "private/x" not in every.stdout  # can't succeed
+    named = _cli(env, "dlq", "replay", "--reason", "robots_disallowed", "--dry-run")
+    assert "1 to replay" in named.stdout and "private/x" in named.stdout
+
+
+def test_publish_before_topics_create_says_so_at_once_with_the_bad_lines(
+        settings: Settings) -> None:
+    env = _env(settings, CRAWLFLEET_TOPIC_PREFIX=settings.topic_prefix)
+    began = time.monotonic()
+    proc = _cli(env, "publish", "-", stdin="http://127.0.0.2:18099/a\nnot a url\n")
+    took = time.monotonic() - began
+    print(f"publish before topics create: exit {proc.returncode} after {took:.1f} s")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"{settings.topic_prefix}crawl.frontier" in proc.stderr
+    assert "does not exist" in proc.stderr or "do not exist" in proc.stderr
+    assert "crawlfleet topics create" in proc.stderr
+    assert "line 2:" in proc.stderr  # the bad-line report, all the same
+    assert "TERMINATE" not in proc.stderr and "undelivered" not in proc.stderr
+    assert took < 25, took  # it used to wait out a 30-s flush first
+    topics = AdminClient(settings.kafka_common()).list_topics(timeout=10).topics
+    assert not [t for t in topics if t.startswith(settings.topic_prefix)]  # none made
+
+
+def test_an_unreachable_broker_is_one_clear_line_for_every_one_shot_command(
+        settings: Settings) -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        where = f"127.0.0.1:{sock.getsockname()[1]}"
+    env = {**_env(settings), "CRAWLFLEET_BOOTSTRAP_SERVERS": where}
+    commands = (["top", "--once"], ["publish", "-"], ["pause"], ["topics", "create"],
+                ["doctor"])
+    began = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-m", "crawlfleet.cli", *args], env=env,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for args in commands]
+    outs = [p.communicate(timeout=120) for p in procs]
+    took = time.monotonic() - began
+    print(f"{len(commands)} commands against {where} (in parallel): {took:.1f} s")
+    for args, proc, (out, err) in zip(commands, procs, outs, strict=True):
+        shown = out + err
+        assert proc.returncode != 0, (args, shown)
+        assert f"cannot reach Kafka at {where}" in shown, (args, shown)
+        assert "crawlfleet kafka up" in shown, (args, shown)
+        assert not re.search(r"^%\d\|", shown, re.M), (args, shown)  # no librdkafka lines
+        assert "fleet running" not in shown
+    assert took < 30, took  # each gives up after 8 s; it used to take up to a minute
+
+
+def test_top_on_an_idle_broker_says_no_workers(settings: Settings) -> None:
+    create_topics(settings)
+    proc = _cli(_env(settings, CRAWLFLEET_TOPIC_PREFIX=settings.topic_prefix), "top", "--once")
+    assert proc.returncode == 0, proc.stderr
+    assert "fleet no workers" in proc.stdout, proc.stdout
+    assert "fleet running" not in proc.stdout and "quarantine" not in proc.stdout
+    assert not re.search(r"│\s*0:", proc.stdout), proc.stdout
+
+
+def test_the_dashboards_after_a_drained_crawl_read_as_drained(
+        settings: Settings, site_port: int, tmp_path: Path) -> None:
+    """README's first steps, as typed: a crawl that drains, then the two dashboards a new
+    user looks at first. Queue depth ends at 0 and throughput shows the fetching."""
+    import json
+
+    spec = demo_spec(site_port)
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text("\n".join(spec.seeds()) + "\n")
+    env = _env(settings)
+    with DemoSite(spec):
+        crawl = _cli(env, "crawl", str(seeds), "--allow-private", timeout=300)
+    assert crawl.returncode == 0, crawl.stdout + crawl.stderr
+    depth = _cli(env, "sql", "--view", "queue_depth", "--format", "json")
+    assert depth.returncode == 0, depth.stderr
+    last: dict[str, int] = {}
+    for row in json.loads(depth.stdout):  # ordered by time
+        last[row["stage"]] = int(row["lag"])
+    assert last == {"fetch": 0, "parse": 0, "store": 0, "retry": 0}, depth.stdout
+    rates = _cli(env, "sql", "--view", "throughput", "--format", "json")
+    fetch = [float(r["records_per_s"]) for r in json.loads(rates.stdout) if r["stage"] == "fetch"]
+    assert fetch and max(fetch) > 0, rates.stdout

@@ -155,3 +155,54 @@ def test_ip_literals_are_checked_too() -> None:
                 await f.get(f"http://[::ffff:127.0.0.1]:{port}/ok")
         assert raw.hits == {"/ok": 1}
     _serve(_settings(), body, hosts=("127.0.0.2", "127.0.0.1"))
+
+
+#: One address, six spellings a browser (and the HTTP client) reads as 127.0.0.1.
+SPELLINGS = ("2130706433", "127.1", "0177.0.0.1", "127.000.000.001", "127.0.0.1.", "0x7f.1")
+
+
+def test_every_spelling_of_a_refused_address_is_refused_and_never_connected() -> None:
+    """The crawl allows only 127.0.0.2: each spelling of 127.0.0.1 is canonicalised to it and
+    refused -- as a link (canonicalize) and as a raw job URL from an older record."""
+    from crawlfleet.errors import InvalidURLError
+    from crawlfleet.urls import canonicalize
+
+    async def body(raw: RawServer, port: int) -> None:
+        s = _settings(allow_private=False, allow_hosts=("127.0.0.2",))
+        async with Fetcher(s) as f:
+            for spelt in SPELLINGS:
+                url = canonicalize(f"http://{spelt}:{port}/ok")
+                assert url == f"http://127.0.0.1:{port}/ok"
+                with pytest.raises(ForbiddenAddressError):
+                    await f.get(url)
+                if spelt != "127.0.0.1.":  # the raw spelling, as an old record held it
+                    with pytest.raises(InvalidURLError):
+                        await f.get(f"http://{spelt}:{port}/ok")
+            assert (await f.get(f"http://127.0.0.2:{port}/ok")).status == 200
+        assert raw.hits == {"/ok": 1}
+    _serve(_settings(), body, hosts=("127.0.0.2", "127.0.0.1"))
+
+
+def test_a_proxy_in_the_environment_never_routes_the_crawl(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HTTP_PROXY`` points at a listener that counts connections: the crawl goes direct."""
+    async def body(raw: RawServer, port: int) -> None:
+        proxied: list[int] = []
+
+        async def count(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            proxied.append(1)
+            w.close()
+
+        proxy = await asyncio.start_server(count, "127.0.0.1", 0)
+        proxy_url = f"http://127.0.0.1:{proxy.sockets[0].getsockname()[1]}"
+        for var in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "ALL_PROXY"):
+            monkeypatch.setenv(var, proxy_url)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        try:
+            async with Fetcher(_settings()) as f:
+                assert (await f.get(f"http://127.0.0.1:{port}/ok")).status == 200
+        finally:
+            proxy.close()
+        assert proxied == [] and raw.hits == {"/ok": 1}
+    _serve(_settings(), body)

@@ -19,6 +19,7 @@ from fleet_helpers import (
     page_counts,
     publish_seeds,
     report,
+    slow_sql,
     stage_lags,
     wait_drained,
     wait_until,
@@ -31,8 +32,8 @@ from crawlfleet.crawl import Fleet, _watch, settings_env
 pytestmark = pytest.mark.integration
 
 HOST = "127.0.0.2"
-#: A reader that holds the store for 25 s (one row a second; chDB caps a sleep per block).
-SLOW_SQL = "SELECT sum(sleepEachRow(1)) AS s FROM numbers(25) SETTINGS max_block_size = 1"
+#: A reader that holds the store for 24 s.
+SLOW_SQL = slow_sql(24)
 
 
 def cli(settings: Settings, *args: str, timeout: float = 120

@@ -9,7 +9,6 @@ lives, and a store worker that finds the store held waits, says who holds it, an
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from fleet_helpers import (
     page_counts,
     publish_seeds,
     report,
+    slow_sql,
     stored_pages,
     wait_drained,
     wait_until,
@@ -37,13 +37,13 @@ from fleet_helpers import (
 
 from crawlfleet.config import Settings
 from crawlfleet.crawl import settings_env
-from infra.clickhouse import PORT_FILE
+from crawlfleet.errors import CrawlfleetError
+from infra.clickhouse import query_owner
 
 pytestmark = pytest.mark.integration
 
-#: A query a person might leave running: 12 s, one row a second (chDB caps a sleep at 3 s
-#: per block, so one row per block).
-SLOW_SQL = "SELECT sum(sleepEachRow(1)) AS s FROM numbers(12) SETTINGS max_block_size = 1"
+#: A query a person might leave running: 12 s.
+SLOW_SQL = slow_sql(12)
 
 
 def cli_env(settings: Settings, **extra: str) -> dict[str, str]:
@@ -72,12 +72,8 @@ def serves(settings: Settings, worker: Worker) -> bool:
     if not worker.alive() or st.get("pid") != worker.pid or st.get("waiting"):
         return False
     try:
-        port = int((settings.clickhouse_path / PORT_FILE).read_text())
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/", data=b"SELECT 1",
-                                     method="POST")
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return bool(json.loads(resp.read())["rows"] == [[1]])
-    except (OSError, ValueError, KeyError):
+        return query_owner(settings.clickhouse_path, "SELECT 1")[1] == [[1]]
+    except (OSError, ValueError, KeyError, CrawlfleetError):
         return False
 
 

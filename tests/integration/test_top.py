@@ -52,7 +52,7 @@ def test_top_shows_the_fleet_live(settings: Settings, fleet: Callable[[Settings]
             time.sleep(3)  # a few refreshes: the trend grows
             # A whole frame (a capture can fall in the middle of a redraw: look again).
             screen = wait_until(lambda: (lambda t: t if "fetch workers" in t and "▁" in t
-                                         and "quarantined:" in t else "")(_screen(session)),
+                                         and "paused targets:" in t else "")(_screen(session)),
                                 60, "top to draw the whole fleet")
             control.pause(s)
             paused = wait_until(lambda: (lambda t: t if "PAUSED" in t else "")(

@@ -5,15 +5,19 @@ wrote; the Avro codec takes bytes anyone could have produced. They must never ra
 anything but the project's own error (``InvalidURLError``, ``DecodeError``), and the URL
 functions must be idempotent, since dedupe keys and partitions are derived from them.
 
-Settings are per test: a fixed example count, no deadline (the first call of w3lib or
-lexbor is slow) and ``derandomize=True``, so CI runs the same examples every time.
+Settings come from the hypothesis profile (tests/conftest.py): in CI a fixed example count,
+no deadline (the first call of w3lib or lexbor is slow) and ``derandomize=True``, so CI runs
+the same examples every time; ``HYPOTHESIS_PROFILE=nightly`` explores new inputs. The store's
+row building and the robots.txt rules are fuzzed too: a record that decodes must become a row
+or a DecodeError (never an exception that stops the store), and any robots.txt answer must
+give rules with a finite, non-negative interval.
 """
 
 from __future__ import annotations
 
 import string
 
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from consumers.html import extract
@@ -24,8 +28,9 @@ from crawlfleet.urls import canonicalize, host_of, origin_of, resolve_link, targ
 from schemas.codec import default_codec
 from schemas.topics import HEADER_SCHEMA, Topology
 
-FUZZ = settings(max_examples=300, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow])
+#: The loaded profile's settings (tests/conftest.py): fixed examples in CI, new ones with
+#: HYPOTHESIS_PROFILE=nightly.
+FUZZ = settings()
 
 # --- URL-ish strings ----------------------------------------------------------------------
 
@@ -275,3 +280,64 @@ def test_decoder_on_random_bytes_with_the_right_schema_header(record: str,
         except DecodeError:
             continue
         assert isinstance(value, dict)
+
+
+# --- the store's rows and robots.txt rules ------------------------------------------------
+
+_LONG = st.integers(-(2**63), 2**63 - 1)
+_TEXT = st.text(max_size=40)
+
+
+@FUZZ
+@given(st.fixed_dictionaries({
+    "dedupe_key": _TEXT, "url": _TEXT, "final_url": _TEXT, "target": _TEXT, "profile": _TEXT,
+    "depth": _LONG, "status": _LONG, "content_type": _TEXT, "title": _TEXT, "text": _TEXT,
+    "links": st.lists(_TEXT, max_size=3), "body_bytes": _LONG, "fetched_at_ms": _LONG,
+    "fetch_worker": _TEXT, "parse_worker": _TEXT, "parsed_at_ms": _LONG}),
+    st.fixed_dictionaries({
+    "ts_ms": _LONG, "url": _TEXT, "target": _TEXT, "profile": _TEXT, "attempt": _LONG,
+    "status": _LONG, "outcome": _TEXT, "reason": _TEXT, "elapsed_ms": _LONG, "bytes": _LONG,
+    "worker": _TEXT, "fetcher_version": _TEXT, "http_version": _TEXT, "tls_version": _TEXT,
+    "profile_bundle_version": _TEXT, "code_revision": _TEXT}))
+def test_a_decoded_record_becomes_a_row_or_a_decode_error(page: dict[str, object],
+                                                          event: dict[str, object]) -> None:
+    from consumers.store import event_row, fits, page_row
+    for table, build in (("pages", lambda: page_row(page)),
+                         ("fetch_events", lambda: event_row("t:0:1", event))):
+        try:
+            row = fits(table, build())
+        except DecodeError:
+            continue
+        assert all(v is not None for v in row)
+
+
+@FUZZ
+@given(st.one_of(st.none(), st.integers(100, 599)), st.binary(max_size=2000),
+       st.lists(st.sampled_from(["Crawl-delay: ", "Request-rate: ", "User-agent: ",
+                                 "Disallow: ", "Allow: "]), max_size=6),
+       st.lists(st.sampled_from(["nan", "inf", "-inf", "-5", "1e999", "0", "0.5", "3/0",
+                                 "1/1e-9", "10/60", "*", "crawlfleet", "/x", "", "\x00"]),
+                max_size=6))
+def test_any_robots_answer_gives_rules_with_a_finite_interval(
+        status: int | None, body: bytes, keys: list[str], values: list[str]) -> None:
+    from consumers.robots import rules_from_response
+    text = "\n".join(k + v for k, v in zip(keys, values, strict=False)).encode()
+    rules = rules_from_response(status, b"User-agent: *\n" + text + b"\n" + body, "crawlfleet")
+    assert 0.0 <= rules.min_interval_s < float("inf")
+    if rules.parser is not None:
+        rules.parser.can_fetch("http://x.test/a", "crawlfleet")
+
+
+def test_a_forged_timestamp_is_refused_on_its_own_not_its_batch() -> None:
+    """Found by the row fuzz: a record timed 2**62 ms decoded fine and then raised an
+    OverflowError the store did not catch, so its batch failed on every replay."""
+    import pytest
+
+    from consumers.store import page_row
+    page = {"dedupe_key": "k", "url": "u", "final_url": "u", "target": "t", "profile": "p",
+            "depth": 0, "status": 200, "content_type": "", "title": "", "text": "",
+            "links": [], "body_bytes": 0, "fetched_at_ms": 2**62, "fetch_worker": "w",
+            "parse_worker": "w", "parsed_at_ms": 0}
+    with pytest.raises(DecodeError, match="outside what the store holds"):
+        page_row(page)
+    assert page_row({**page, "fetched_at_ms": 1_700_000_000_123})[12].year == 2023

@@ -9,11 +9,11 @@ import pytest
 
 from consumers.http_fetch import Response
 from consumers.ledger import Pending
-from consumers.outcomes import REDIRECT_HOPS, OutcomeRules
+from consumers.outcomes import OutcomeRules
 from crawlfleet.config import load_settings
 from crawlfleet.urls import dedupe_key
 from infra.kafka_io import Encoder, Output, topology_of
-from producers.replay import REPLAY_META
+from producers.replay import REDIRECT_HOPS, REPLAY_META
 
 URL = "http://a.test/start"
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from rich.console import Console
 
 from crawlfleet.top import Snapshot, StageView, render, sparkline
@@ -25,3 +27,39 @@ def test_a_snapshot_renders_every_part_even_without_the_store() -> None:
     assert "parse" in text and "?" in text  # a stage without figures says so
     assert "paused targets: a.test" in text and "b.test=0.5/s" in text
     assert "note: store unavailable" in text
+
+
+def _text(snap: Snapshot) -> str:
+    console = Console(width=200, record=True)
+    console.print(render(snap))
+    return console.export_text()
+
+
+def _idle(members: dict[str, list[str]]) -> Snapshot:
+    return Snapshot(at=0.0, stages={st: StageView(0, 0.0, members.get(st, []), [0])
+                                    for st in ("fetch", "parse", "store", "retry")},
+                    paused=False, paused_targets=[], caps={})
+
+
+def test_an_idle_broker_reads_no_workers_not_running() -> None:
+    text = _text(_idle({}))
+    assert "fleet no workers" in text and "running" not in text
+    assert re.search(r"│\s*0:", text) is None  # no stray colon after a count of nobody
+    assert text.count("none") >= 4  # each stage's workers column
+
+
+def test_a_fleet_with_a_stage_unstaffed_is_partly_running() -> None:
+    some = _idle({"fetch": ["fetch-0"], "parse": ["parse-0"], "store": ["store-0"]})
+    assert "fleet partly running" in _text(some)
+    every = _idle({st: [f"{st}-0"] for st in ("fetch", "parse", "store", "retry")})
+    assert "fleet running" in _text(every) and "1: retry-0" in _text(every)
+
+
+def test_top_shows_no_field_that_does_not_exist_yet() -> None:
+    assert "quarantine" not in _text(_idle({}))
+
+
+def test_the_header_clock_is_utc_like_every_other_time() -> None:
+    from crawlfleet.timefmt import clock_utc, iso_utc
+    assert clock_utc(0.0) == "00:00:00Z" and "00:00:00Z" in _text(_idle({}))
+    assert iso_utc(1.5) == "1970-01-01T00:00:01.500Z"

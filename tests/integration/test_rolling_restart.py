@@ -1,0 +1,36 @@
+"""A rolling restart on the real brokers: on three KRaft nodes, during a crawl, every broker
+is stopped cleanly and started again, one after another, then every worker of every stage:
+every page is stored exactly once and no host sees more than its cap. The pace during each
+step is printed (the fault's detail), never judged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from crawlfleet.chaos import run_chaos
+from crawlfleet.fault_plan import ROLLING_RESTART, PlannedFault
+from tests.integration.fleet_helpers import report
+from tests.integration.test_chaos import RATE_CAP, _assert_exactly_once, _console
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_rolling_restart_of_brokers_then_workers_loses_and_repeats_nothing(
+        tmp_path: Path) -> None:
+    chaos = run_chaos(pages=1200, nodes=3, fetch_workers=2, parse_workers=2,
+                       kill_every_s=6.0, seed=17, data_dir=tmp_path, timeout_s=420,
+                       console=_console(), rate_cap=RATE_CAP, baseline=False,
+                       heavy=(PlannedFault(ROLLING_RESTART, 0.1),), worker_kills=False)
+    _assert_exactly_once(chaos)
+    (roll,) = [f for f in chaos.faults if f.kind == ROLLING_RESTART]
+    report("rolling_restart", steps=roll.detail, peak_host_requests=chaos.peak_host_requests)
+    assert not roll.error and roll.ended_at_s is not None, roll
+    steps = roll.detail.split(": ", 1)[1].split(", ")
+    assert [s.split()[0] for s in steps[:3]] == ["broker"] * 3
+    restarted = {r.worker for r in chaos.kills if r.cause == ROLLING_RESTART}
+    assert restarted == {"fetch-0", "fetch-1", "parse-0", "parse-1", "store-0", "retry-0"}
+    # Politeness through it all: at most cap + 1 requests to a host in any 1-s window.
+    assert chaos.peak_host_requests <= RATE_CAP + 1, (chaos.peak_host,
+                                                      chaos.peak_host_requests)

@@ -1,0 +1,83 @@
+"""Every command's help as a newcomer reads it: each option says its default, each option
+that a setting backs names its environment variable, and nothing renders half-formatted."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import typer
+from typer.core import TyperOption
+from typer.testing import CliRunner
+
+from crawlfleet.cli import app
+from crawlfleet.config import SETTING_DEFAULTS
+
+#: CLI option names that differ from the setting they set.
+ALIASES = {"bootstrap": "bootstrap_servers", "clickhouse": "clickhouse_dsn",
+           "profile": "default_profile"}
+
+
+def _commands() -> Iterator[tuple[list[str], Any]]:
+    root = typer.main.get_command(app)
+
+    def walk(path: list[str], cmd: Any) -> Iterator[tuple[list[str], Any]]:
+        if hasattr(cmd, "commands"):  # a group (typer's own click)
+            for name, sub in cmd.commands.items():
+                yield from walk([*path, name], sub)
+        else:
+            yield path, cmd
+
+    yield from walk([], root)
+
+
+COMMANDS = list(_commands())
+
+
+def test_every_command_is_covered() -> None:
+    names = {" ".join(p) for p, _ in COMMANDS}
+    assert {"crawl", "publish", "worker", "top", "sql", "kafka up", "topics create",
+            "dlq replay", "doctor", "demo", "pause", "cap"} <= names
+
+
+@pytest.mark.parametrize(("path", "cmd"), COMMANDS, ids=[" ".join(p) for p, _ in COMMANDS])
+def test_each_option_says_its_default_and_its_variable(path: list[str],
+                                                       cmd: Any) -> None:
+    ctx = typer.Context(cmd, info_name=path[-1])
+    for param in cmd.params:
+        if not isinstance(param, TyperOption) or param.name == "help":
+            continue
+        record = param.get_help_record(ctx)
+        assert record is not None, param.name
+        opts, text = record
+        assert text.strip(), f"{' '.join(path)} {opts}: no description"
+        if param.required:
+            assert "required" in text, f"{' '.join(path)} {opts}: {text!r}"
+            continue
+        assert "default" in text, f"{' '.join(path)} {opts}: no default shown: {text!r}"
+        setting = ALIASES.get(str(param.name), str(param.name))
+        if param.default is None and setting in SETTING_DEFAULTS:
+            assert f"CRAWLFLEET_{setting.upper()}" in text, \
+                f"{' '.join(path)} {opts}: left out, it takes setting {setting}: {text!r}"
+
+
+@pytest.mark.parametrize("path", [p for p, _ in COMMANDS], ids=[" ".join(p) for p, _ in COMMANDS])
+def test_the_help_text_renders_whole(path: list[str]) -> None:
+    result = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "100"})
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "{" not in out.split("\n\n")[0], out  # usage: SEEDS, not {seeds}
+    assert "<bool>" not in out
+    assert not re.search(r"\w \.(\s|$)", out), out  # "servers ." : markup eaten by the renderer
+    usage = out.splitlines()[0]
+    for word in re.findall(r"\b[a-z_]+\b", usage.split("[OPTIONS]")[-1]):
+        assert word in ("", "..."), f"argument shown lower-case: {usage}"
+
+
+def test_the_rate_cap_default_matches_the_setting_and_readme() -> None:
+    result = CliRunner().invoke(app, ["crawl", "--help"], env={"COLUMNS": "200"})
+    assert f"default: {SETTING_DEFAULTS['rate_cap']}; env CRAWLFLEET_RATE_CAP" in \
+        " ".join(result.output.split())
+    assert SETTING_DEFAULTS["rate_cap"] == 2.0

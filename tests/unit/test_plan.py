@@ -1,0 +1,77 @@
+"""The capacity plan's arithmetic, on hand-made costs whose answers are worked out here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from crawlfleet.errors import ConfigError
+from crawlfleet.plan import Costs, NodeLimits, plan
+
+COSTS = Costs(cpu_s={"fetch": 0.0004, "parse": 0.0003, "store": 0.0002, "retry": 0.00001,
+                     "broker": 0.0001},
+              topic_bytes={"frontier": 200.0, "fetched": 12_000.0, "parsed": 4_000.0,
+                           "seen": 60.0},
+              seen_bytes_per_key=40.0, store_bytes_per_page=3_000.0, page_bytes=12_000.0,
+              measured={"pages": 10_000, "commit": "abc", "at": "2026-12-02"})
+
+
+def test_one_billion_pages_a_day() -> None:
+    p = plan(1e9, 10_000_000, 2.0, COSTS)
+    assert round(p.pages_per_s) == 11_574  # 1e9 / 86,400
+    # fetch: 11,574 x 0.0004 s = 4.63 CPU-s/s over 0.8 per worker -> 6 workers
+    assert p.workers == {"fetch": 6, "parse": 5, "store": 3, "retry": 1}
+    # written: 11,574 x 16,260 B = 188.2 MB/s, x3 replicas = 564.6 MB/s -> 6 brokers at 100
+    assert p.broker_mb_s == pytest.approx(564.58, abs=0.1) and p.brokers == 6
+    # fetched: 138.9 MB/s over 5 MB/s per partition -> 28 partitions
+    assert p.partitions == 28
+    # 7 days of keys (7e9) x 40 B = 280 GB; changelog 7e9 x 60 B x 3 = 1,260 GB
+    assert p.seen_gb == pytest.approx(280.0) and p.changelog_gb == pytest.approx(1260.0)
+    assert p.store_gb_per_day == pytest.approx(3000.0) and p.store_nodes == 1
+    assert p.politeness_pages_per_s == 20_000_000
+    # fetch CPU 4.63 / (6 x 0.8) = 96% beats broker disk 564.6 / 600 = 94%
+    assert p.saturates_first == "fetch workers' CPU"
+
+
+def test_caps_that_cannot_carry_the_rate_saturate_first_and_say_so() -> None:
+    p = plan(1e9, 1_000, 2.0, COSTS)  # 2,000 pages/s allowed, 11,574 asked
+    assert p.saturates_first == "the politeness caps (targets x cap)"
+    assert any("caps allow only 2,000 pages/s" in n for n in p.notes)
+
+
+def test_bigger_pages_scale_the_bytes_not_the_frontier() -> None:
+    small = plan(1e8, 100_000, 2.0, COSTS)
+    big = plan(1e8, 100_000, 2.0, COSTS, NodeLimits(page_bytes=120_000.0))
+    assert big.store_gb_per_day == pytest.approx(10 * small.store_gb_per_day)
+    assert big.broker_mb_s > 9 * small.broker_mb_s
+
+
+def test_costs_come_from_a_measured_file(tmp_path: Path) -> None:
+    path = tmp_path / "costs.json"
+    with pytest.raises(ConfigError, match=r"bench\.cost_bench"):
+        Costs.load(path)
+    path.write_text(json.dumps({
+        "cpu_s_per_page": COSTS.cpu_s, "topic_bytes_per_page": COSTS.topic_bytes,
+        "seen_bytes_per_key": 40.0, "store_bytes_per_page": 3000.0, "page_bytes": 12000.0,
+        "measured": COSTS.measured}))
+    assert Costs.load(path) == COSTS
+
+
+def test_the_plan_command_prints_the_plan_or_says_where_costs_come_from(
+        tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from crawlfleet.cli import app
+    missing = CliRunner().invoke(app, ["plan", "--pages-per-day", "1e9", "--targets",
+                                       "10000000", "--costs", str(tmp_path / "none.json")])
+    assert missing.exit_code == 2 and "bench.cost_bench" in missing.output
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({
+        "cpu_s_per_page": COSTS.cpu_s, "topic_bytes_per_page": COSTS.topic_bytes,
+        "seen_bytes_per_key": 40.0, "store_bytes_per_page": 3000.0, "page_bytes": 12000.0,
+        "measured": COSTS.measured}))
+    out = CliRunner().invoke(app, ["plan", "--pages-per-day", "1e9", "--targets", "10000000",
+                                   "--costs", str(path)], env={"COLUMNS": "200"}).output
+    assert "11,574" in out and "fetch workers" in out and "saturates first" in out
