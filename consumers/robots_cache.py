@@ -59,12 +59,8 @@ class RobotsCache:
                     del self._origins[target]
 
     def _bound(self) -> None:
-        """At most ``max_origins`` rules: expired ones go first, then the oldest fetched."""
-        if len(self._rules) <= self.max_origins:
-            return
-        now = time.monotonic()
-        for origin in [o for o, at in self._expiry.items() if at <= now]:
-            self._drop(origin)
+        """At most ``max_origins`` rules: the oldest fetched go first (O(1) each: rules are
+        kept in fetch order, and with one TTL the oldest fetched expire first too)."""
         while len(self._rules) > self.max_origins:
             self._drop(next(iter(self._rules)))
 
