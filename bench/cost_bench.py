@@ -8,9 +8,16 @@ pipeline's, not the caps') with ``crawlfleet crawl``'s own code path, on the loc
 measures, per page stored: CPU seconds of each stage's processes and of the broker (from
 /proc: user + system, the processes' whole lives), bytes written to each topic (the run's log
 segments on the broker's disk, one replica), the fetch stage's local dedupe state per key
-(RocksDB directories), and ClickHouse's bytes on disk over every table (active parts). Prints
-them and writes them to ``--out``, which ``crawlfleet plan`` reads. Run it with nothing else
-on the machine; run it again after a change that moves a cost.
+(RocksDB directories), and ClickHouse's bytes on disk over every table (active parts).
+
+An uncapped crawl parks nothing and retries little, so a second, capped crawl (the
+``mixed-50`` shape at a tenth of its size, 2 requests/s per host: work beyond each host's
+share parks; 3% of pages answer 503 once: retries wait in timers) measures the held-work
+stores: records written to ``crawl.parked`` and ``crawl.timers`` per page and the bytes of
+each live record (key + value, uncompressed: what a worker's state store and the changelog
+hold per parked job or timer). Prints them and writes them to ``--out``, which ``crawlfleet
+plan`` reads. Run it with nothing else on the machine; run it again after a change that
+moves a cost.
 """
 
 from __future__ import annotations
@@ -25,12 +32,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
 from bench.crawl_bench import _descendants
 from crawlfleet.config import load_settings
 from crawlfleet.crawl import Plan, run_crawl
 from infra import kafka_local
 from infra.clickhouse import Store
-from infra.demo_site import DemoSite, bench_spec, free_port
+from infra.demo_site import DemoSite, bench_spec, free_port, shape_spec
 from infra.topics import delete_topics
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -99,6 +108,61 @@ def _git_commit() -> str:
         return "unknown"
 
 
+def _records(bootstrap: str, topic: str) -> tuple[int, int]:
+    """(records with a value, their key + value bytes) written to ``topic``, committed
+    transactions only; tombstones (a parked job taken back, a timer fired) not counted."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"cost-bench-{os.getpid()}",
+                  "isolation.level": "read_committed", "enable.auto.commit": False})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in parts}
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        done = {p for p, end in ends.items() if end == 0}
+        n = size = 0
+        while len(done) < len(parts):
+            msg = c.poll(2.0)
+            if msg is None:
+                break  # the rest are transaction markers: nothing left to read
+            if msg.error():
+                continue
+            if msg.value() is not None:
+                n += 1
+                size += len(msg.key() or b"") + len(msg.value() or b"")
+            if (msg.offset() or 0) + 1 >= ends[msg.partition() or 0]:
+                done.add(msg.partition() or 0)
+        return n, size
+    finally:
+        c.close()
+
+
+def measure_held(bootstrap: str, scale: float = 0.1, cap: float = 2.0) -> dict[str, Any]:
+    """Parked jobs and timers per page, and bytes per live record, on a capped crawl."""
+    hosts = tuple(f"127.0.0.{2 + k}" for k in range(50))
+    spec = shape_spec("mixed-50", free_port(hosts, 18800), scale)
+    with tempfile.TemporaryDirectory(prefix="cost-bench-held-") as tmp:
+        s = load_settings(data_dir=Path(tmp) / "data", allow_private=True, rate_cap=cap,
+                          scope="seeds", bootstrap_servers=bootstrap)
+        with DemoSite(spec):
+            summary = run_crawl(s, spec.seeds(), Plan(), timeout_s=900, keep_topics=True)
+        stored = summary.pages_stored
+        if not summary.drained or stored <= 0:
+            raise RuntimeError(f"the capped crawl did not drain ({stored} pages stored)")
+        prefix = summary.topic_prefix
+        parked, parked_bytes = _records(bootstrap, f"{prefix}crawl.parked")
+        timers, timer_bytes = _records(bootstrap, f"{prefix}crawl.timers")
+        delete_topics(s.replace(topic_prefix=prefix), timeout_s=30)
+    return {
+        "parked_per_page": parked / stored,
+        "parked_bytes_per_record": parked_bytes / parked if parked else 0.0,
+        "timers_per_page": timers / stored,
+        "timer_bytes_per_record": timer_bytes / timers if timers else 0.0,
+        "measured": {"pages": stored, "shape": f"mixed-50 x{scale:g}", "cap": cap,
+                     "parked": parked, "timers": timers,
+                     "crawl_seconds": round(summary.crawl_seconds, 2)},
+    }
+
+
 def measure(pages: int, hosts: int, page_bytes: int) -> dict[str, Any]:
     if not kafka_local.status().running:
         kafka_local.up()
@@ -155,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "infra" / "costs.json")
     args = parser.parse_args(argv)
     costs = measure(args.pages, args.hosts, args.page_bytes)
+    costs["held"] = measure_held(kafka_local.status().bootstrap_servers)
     text = json.dumps(costs, indent=2, sort_keys=True)
     print(text)
     args.out.write_text(text + "\n")

@@ -820,6 +820,9 @@ def plan_cmd(pages_per_day: Annotated[float, typer.Option(
                  "Requests per second per target.", "rate_cap"))] = None,
              page_bytes: Annotated[float | None, typer.Option(
                  help="Mean page size, bytes. [default: the measured site's]")] = None,
+             backlog: Annotated[float | None, typer.Option(
+                 help="Jobs parked, waiting beyond the workers' memory. [default: one day's "
+                 "pages, a day's frontier published at once]")] = None,
              costs: Annotated[Path | None, typer.Option(
                  help="Measured per-page costs (python -m bench.cost_bench). "
                  "[default: infra/costs.json]")] = None) -> None:
@@ -828,9 +831,11 @@ def plan_cmd(pages_per_day: Annotated[float, typer.Option(
     from crawlfleet import plan as plan_mod
     try:
         measured = plan_mod.Costs.load(costs or plan_mod.COSTS)
-        limits = plan_mod.NodeLimits(page_bytes=page_bytes)
-        rate = cap if cap is not None else _settings(None).rate_cap
-        result = plan_mod.plan(pages_per_day, targets, rate, measured, limits)
+        limits = plan_mod.NodeLimits(page_bytes=page_bytes, backlog=backlog)
+        s = _settings(None)
+        rate = cap if cap is not None else s.rate_cap
+        result = plan_mod.plan(pages_per_day, targets, rate, measured, limits,
+                               seen_ttl_s=s.seen_ttl_s)
     except CrawlfleetError as exc:
         _fail(exc)
         return

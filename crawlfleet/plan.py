@@ -33,16 +33,25 @@ class Costs:
     store_bytes_per_page: float  # ClickHouse on disk (compressed), all tables
     page_bytes: float  # mean body size of the measured site
     measured: dict[str, Any] = field(default_factory=dict)  # where, when, how many pages
+    #: Held work, from the capped crawl: bytes of one live parked job / timer (key + value,
+    #: uncompressed) and how many were written per page stored there.
+    parked_bytes_per_record: float = 0.0
+    timer_bytes_per_record: float = 0.0
+    timers_per_page: float = 0.0
 
     @classmethod
     def load(cls, path: Path = COSTS) -> Costs:
         try:
             data = json.loads(path.read_text())
+            held = data["held"]
             return cls(cpu_s=dict(data["cpu_s_per_page"]),
                        topic_bytes=dict(data["topic_bytes_per_page"]),
                        seen_bytes_per_key=float(data["seen_bytes_per_key"]),
                        store_bytes_per_page=float(data["store_bytes_per_page"]),
-                       page_bytes=float(data["page_bytes"]), measured=dict(data["measured"]))
+                       page_bytes=float(data["page_bytes"]), measured=dict(data["measured"]),
+                       parked_bytes_per_record=float(held["parked_bytes_per_record"]),
+                       timer_bytes_per_record=float(held["timer_bytes_per_record"]),
+                       timers_per_page=float(held["timers_per_page"]))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"cannot read the measured costs {path}: {exc} (write them "
                               "with `python -m bench.cost_bench`)") from exc
@@ -58,6 +67,11 @@ class NodeLimits:
     partition_mb_s: float = 5.0  # produce rate one partition is kept under, MB/s
     replication: int = 3
     page_bytes: float | None = None  # mean page body; None: the measured site's
+    #: Jobs waiting beyond the workers' memory (parked); None: one day's pages, as when a
+    #: day's frontier is published at once.
+    backlog: float | None = None
+    #: How long a retry waits in a timer at most: Retry-After is honoured up to an hour.
+    timer_wait_s: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -69,12 +83,17 @@ class Plan:
     brokers: int
     seen_gb: float  # local dedupe state over the fetch workers (RocksDB)
     changelog_gb: float  # compacted dedupe changelog on the brokers (replicas included)
+    parked_gb: float  # the backlog's parked jobs in the fetch workers' state stores
+    parked_changelog_gb: float  # crawl.parked on the brokers (replicas included)
+    timers_gb: float  # waiting retries in the retry workers' state stores
+    timers_changelog_gb: float  # crawl.timers on the brokers (replicas included)
     store_gb_per_day: float
     store_nodes: int
     politeness_pages_per_s: float  # targets x cap: the most the caps allow
     largest_target_pages_per_day: float  # one target at its cap
     saturates_first: str
     notes: list[str]
+    loads: dict[str, float] = field(default_factory=dict)  # share of each resource used
 
 
 def plan(pages_per_day: float, targets: int, cap: float, costs: Costs,
@@ -97,6 +116,10 @@ def plan(pages_per_day: float, targets: int, cap: float, costs: Costs,
     keys = pages_per_day * seen_ttl_s / DAY_S
     seen_gb = keys * costs.seen_bytes_per_key / 1e9
     changelog_gb = keys * costs.topic_bytes.get("seen", 0.0) * limits.replication / 1e9
+    backlog = pages_per_day if limits.backlog is None else limits.backlog
+    parked_gb = backlog * costs.parked_bytes_per_record / 1e9
+    timers_gb = rate * costs.timers_per_page * limits.timer_wait_s \
+        * costs.timer_bytes_per_record / 1e9
     store_day = pages_per_day * costs.store_bytes_per_page * scale / 1e9
     store_nodes = max(1, math.ceil(store_day * 1e3 / DAY_S / limits.store_mb_s))
     allowed = targets * cap
@@ -116,8 +139,9 @@ def plan(pages_per_day: float, targets: int, cap: float, costs: Costs,
                  f"one at its cap gives {cap * DAY_S:,.0f} pages a day, so a site with more "
                  "pages than that takes more than a day whatever the fleet's size")
     return Plan(rate, partitions, workers, written, brokers, seen_gb, changelog_gb,
-                store_day, store_nodes, allowed, cap * DAY_S, max(loads, key=loads.__getitem__),
-                notes)
+                parked_gb, parked_gb * limits.replication, timers_gb,
+                timers_gb * limits.replication, store_day, store_nodes, allowed, cap * DAY_S,
+                max(loads, key=loads.__getitem__), notes, loads)
 
 
 def render(p: Plan, costs: Costs, limits: NodeLimits) -> list[tuple[str, str]]:
@@ -131,10 +155,16 @@ def render(p: Plan, costs: Costs, limits: NodeLimits) -> list[tuple[str, str]]:
         ("brokers", f"{p.brokers:,} (at {limits.broker_mb_s:g} MB/s each)"),
         ("dedupe state, fetch workers' disks", f"{p.seen_gb:,.1f} GB"),
         ("dedupe changelog on the brokers", f"{p.changelog_gb:,.1f} GB"),
+        ("parked backlog, fetch workers' disks", f"{p.parked_gb:,.1f} GB"),
+        ("parked changelog on the brokers", f"{p.parked_changelog_gb:,.1f} GB"),
+        ("timers, retry workers' disks", f"{p.timers_gb:,.2f} GB"),
+        ("timers changelog on the brokers", f"{p.timers_changelog_gb:,.2f} GB"),
         ("ClickHouse, compressed", f"{p.store_gb_per_day:,.1f} GB/day"),
         ("ClickHouse nodes (ingest)", f"{p.store_nodes:,} (at {limits.store_mb_s:g} MB/s)"),
         ("the caps allow", f"{p.politeness_pages_per_s:,.0f} pages/s"),
         ("saturates first", p.saturates_first),
+        ("load at this size", ", ".join(f"{k} {v:.0%}" for k, v in sorted(
+            p.loads.items(), key=lambda kv: -kv[1]))),
         ("measured on", f"{m.get('pages', '?')} pages of {costs.page_bytes:,.0f} B, "
                         f"{m.get('commit', '?')} ({m.get('at', '?')})"),
     ]

@@ -15,7 +15,11 @@ COSTS = Costs(cpu_s={"fetch": 0.0004, "parse": 0.0003, "store": 0.0002, "retry":
               topic_bytes={"frontier": 200.0, "fetched": 12_000.0, "parsed": 4_000.0,
                            "seen": 60.0},
               seen_bytes_per_key=40.0, store_bytes_per_page=3_000.0, page_bytes=12_000.0,
-              measured={"pages": 10_000, "commit": "abc", "at": "2026-12-02"})
+              measured={"pages": 10_000, "commit": "abc", "at": "2026-12-02"},
+              parked_bytes_per_record=100.0, timer_bytes_per_record=120.0,
+              timers_per_page=0.03)
+HELD = {"parked_bytes_per_record": 100.0, "timer_bytes_per_record": 120.0,
+        "timers_per_page": 0.03, "parked_per_page": 0.4, "measured": {"pages": 2000}}
 
 
 def test_one_billion_pages_a_day() -> None:
@@ -33,6 +37,23 @@ def test_one_billion_pages_a_day() -> None:
     assert p.politeness_pages_per_s == 20_000_000
     # fetch CPU 4.63 / (6 x 0.8) = 96% beats broker disk 564.6 / 600 = 94%
     assert p.saturates_first == "fetch workers' CPU"
+
+
+def test_held_work_stores_are_sized_from_the_backlog_and_the_retry_wait() -> None:
+    p = plan(1e9, 10_000_000, 2.0, COSTS)
+    # default backlog: a day's pages parked (1e9 x 100 B = 100 GB), 3 replicas of it
+    assert p.parked_gb == pytest.approx(100.0) and p.parked_changelog_gb == pytest.approx(300.0)
+    # 11,574 pages/s x 0.03 retries x 3,600 s waiting x 120 B = 0.15 GB
+    assert p.timers_gb == pytest.approx(0.15) and p.timers_changelog_gb == pytest.approx(0.45)
+    small = plan(1e9, 10_000_000, 2.0, COSTS, NodeLimits(backlog=1e6))
+    assert small.parked_gb == pytest.approx(0.1)
+
+
+def test_every_resource_load_is_reported_and_the_highest_saturates_first() -> None:
+    p = plan(1e9, 10_000_000, 2.0, COSTS)
+    assert p.loads["fetch workers' CPU"] == pytest.approx(11_574.07 * 0.0004 / 4.8, rel=1e-4)
+    assert max(p.loads, key=p.loads.__getitem__) == p.saturates_first
+    assert all(0 < v <= 1 for v in p.loads.values())
 
 
 def test_caps_that_cannot_carry_the_rate_saturate_first_and_say_so() -> None:
@@ -55,7 +76,7 @@ def test_costs_come_from_a_measured_file(tmp_path: Path) -> None:
     path.write_text(json.dumps({
         "cpu_s_per_page": COSTS.cpu_s, "topic_bytes_per_page": COSTS.topic_bytes,
         "seen_bytes_per_key": 40.0, "store_bytes_per_page": 3000.0, "page_bytes": 12000.0,
-        "measured": COSTS.measured}))
+        "measured": COSTS.measured, "held": HELD}))
     assert Costs.load(path) == COSTS
 
 
@@ -71,7 +92,15 @@ def test_the_plan_command_prints_the_plan_or_says_where_costs_come_from(
     path.write_text(json.dumps({
         "cpu_s_per_page": COSTS.cpu_s, "topic_bytes_per_page": COSTS.topic_bytes,
         "seen_bytes_per_key": 40.0, "store_bytes_per_page": 3000.0, "page_bytes": 12000.0,
-        "measured": COSTS.measured}))
+        "measured": COSTS.measured, "held": HELD}))
     out = CliRunner().invoke(app, ["plan", "--pages-per-day", "1e9", "--targets", "10000000",
                                    "--costs", str(path)], env={"COLUMNS": "200"}).output
     assert "11,574" in out and "fetch workers" in out and "saturates first" in out
+
+
+def test_the_committed_costs_were_measured_and_load() -> None:
+    """``crawlfleet plan`` reads infra/costs.json by default: it must be a measured file."""
+    costs = Costs.load()
+    assert costs.measured["pages"] >= 1_000 and costs.measured["commit"] != "unknown"
+    assert all(costs.cpu_s[st] > 0 for st in ("fetch", "parse", "store", "broker"))
+    assert costs.parked_bytes_per_record > 0 and costs.timer_bytes_per_record > 0
