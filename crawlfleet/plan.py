@@ -104,9 +104,9 @@ def plan(pages_per_day: float, targets: int, cap: float, costs: Costs,
     rate = pages_per_day / DAY_S
     scale = (limits.page_bytes / costs.page_bytes) if limits.page_bytes else 1.0
     # CPU scales with the bytes a stage handles: fetch, parse and store with the page size.
-    workers = {st: max(1, math.ceil(rate * costs.cpu_s.get(st, 0.0)
-                                    * (scale if st != "retry" else 1.0) / limits.worker_cpu))
-               for st in STAGE_ORDER}
+    demand = {st: rate * costs.cpu_s.get(st, 0.0) * (scale if st != "retry" else 1.0)
+              for st in STAGE_ORDER}  # CPU-seconds per second
+    workers = {st: max(1, math.ceil(d / limits.worker_cpu)) for st, d in demand.items()}
     topic_mb_s = {t: rate * b * (scale if t in ("fetched", "parsed") else 1.0) / 1e6
                   for t, b in costs.topic_bytes.items()}
     hottest = max(topic_mb_s.values(), default=0.0)
@@ -127,7 +127,7 @@ def plan(pages_per_day: float, targets: int, cap: float, costs: Costs,
         "the politeness caps (targets x cap)": rate / allowed,
         "broker disk writes": written / (brokers * limits.broker_mb_s),
         "ClickHouse ingest": store_day * 1e3 / DAY_S / (store_nodes * limits.store_mb_s),
-        **{f"{st} workers' CPU": rate * costs.cpu_s.get(st, 0.0) / (n * limits.worker_cpu)
+        **{f"{st} workers' CPU": demand[st] / (n * limits.worker_cpu)
            for st, n in workers.items()},
     }
     notes = []

@@ -67,6 +67,10 @@ def test_bigger_pages_scale_the_bytes_not_the_frontier() -> None:
     big = plan(1e8, 100_000, 2.0, COSTS, NodeLimits(page_bytes=120_000.0))
     assert big.store_gb_per_day == pytest.approx(10 * small.store_gb_per_day)
     assert big.broker_mb_s > 9 * small.broker_mb_s
+    # CPU follows the bytes too, in the workers and in the load they are sized against
+    # parse: 1,157 pages/s x 0.0003 s x 10 = 3.47 CPU-s/s -> 5 workers at 87%
+    assert small.workers["parse"] == 1 and big.workers["parse"] == 5
+    assert big.loads["parse workers' CPU"] > 0.5
 
 
 def test_costs_come_from_a_measured_file(tmp_path: Path) -> None:
