@@ -111,6 +111,9 @@ REFILL_SWEEP_S = 5.0
 REJOIN_PAUSE_S = 1.0
 #: Expired dedupe keys are swept from the local store (a slice at a time) this often.
 SWEEP_EVERY_S = 10.0
+#: A new target that finds no room (every target state in use) waits on disk; the
+#: scheduler is searched for idle targets to forget at most this often meanwhile.
+ROOM_RETRY_S = 1.0
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -181,7 +184,10 @@ class _Session:
         self.rules = OutcomeRules(self.s, self.topo, self.enc, stage.worker)
         self.sched: TargetScheduler[Pending] = TargetScheduler(
             self._base_interval, limit=self.s.max_inflight_per_target)
-        self.health: dict[str, TargetHealth] = {}
+        self.health: dict[str, TargetHealth] = {}  # targets with a scheduler slot
+        # Degraded targets forgotten before they were idle target_idle_s: their health
+        # (and when it may go), oldest forgotten first; a target seen again gets it back.
+        self.resting_health: dict[str, tuple[float, TargetHealth]] = {}
         self.seen = SeenStore(stage.state_dir("seen"), ttl_s=self.s.seen_ttl_s)
         self.membership = Membership(self.topo, "fetch")
         self.restorer = Restorer("fetch", self._restore)
@@ -191,7 +197,10 @@ class _Session:
         self.robots = RobotsCache(self.s.robots_agent, self.s.robots_ttl_s, self._on_robots,
                                   max_origins=self.s.max_target_state)
         self.forget_at = 0.0
+        self.room_retry_at = 0.0
         self.robots_interval: dict[str, float] = {}
+        self.robots_interval_peak = 0
+        self.health_peak = 0
         # Targets deferred long enough to have gone to disk: refill them when this is due.
         self.wake_at: list[tuple[float, str]] = []
         self.refill_sweep_at = time.monotonic() + REFILL_SWEEP_S
@@ -562,8 +571,11 @@ class _Session:
                 continue
             target, tier = pj.target, self._tier_of(tp)
             if self.parked.must_park(target, tier) \
-                    or self._held(target, tier) >= self._share(target):
-                self._park(pj)  # behind what is parked, or beyond the target's share
+                    or self._held(target, tier) >= self._share(target) \
+                    or not self._room_for(target, now):
+                # behind what is parked, beyond the target's share, or no room for one
+                # more target's state: it comes back with a refill
+                self._park(pj)
                 continue
             self.ledger.hold(pj)
             self.sched.push(target, pj, now, tier=pj.tier)
@@ -634,6 +646,8 @@ class _Session:
         now = time.monotonic()
         if self.sched.deferred_for(target, now) >= SPILL_AFTER_S:
             return  # resting: wake_at brings it back
+        if not self._room_for(target, now):
+            return  # the refill sweep tries again
         part = partition_for(target, self.topo.partitions)
         tp = self._home_tp(part)
         epoch = self.ledger.epoch_of(tp) if tp is not None else None
@@ -671,37 +685,85 @@ class _Session:
                 self._refill(target)
                 self.wake.set()
 
-    def _forget_idle(self, now: float) -> None:
-        """Bounded memory per target (main loop): idle targets are forgotten every
-        ``SWEEP_EVERY_S``, and at once when more than ``max_target_state`` are known. Only
-        targets with no work whose next request is allowed anyway (no cap is loosened); a
-        degraded target's health stays until it was idle ``target_idle_s``."""
+    def _room_for(self, target: str, now: float) -> bool:
+        """Whether ``target`` may hold a scheduler slot now: it has one, or one more fits
+        in ``max_target_state``, or forgetting idle targets makes room. The bound holds
+        where slots are made (a batch of new targets cannot overshoot it); a job that
+        finds no room is parked and comes back with a refill."""
         bound = self.s.max_target_state
-        if now < self.forget_at and self.sched.slot_count <= bound:
-            return
-        self.forget_at = now + SWEEP_EVERY_S
-        forgotten = self.sched.evict_idle(now, self.s.target_idle_s, bound)
+        if target in self.sched or self.sched.slot_count < bound:
+            return True
+        self._forget_idle(now, room=True)
+        return self.sched.slot_count < bound
+
+    def _forget_idle(self, now: float, room: bool = False) -> None:
+        """Bounded memory per target: idle targets are forgotten every ``SWEEP_EVERY_S``
+        (main loop), and when a new target finds ``max_target_state`` in use (``room``):
+        then the longest idle go until a tenth of the bound is free, so the scan of every
+        slot runs once per that many new targets (and at most every ``ROOM_RETRY_S`` while
+        none can go). Only targets with no work whose next request is allowed anyway (no
+        cap is loosened); a degraded target's health rests aside until it was idle
+        ``target_idle_s``, and comes back if the target does."""
+        bound = self.s.max_target_state
+        if room:
+            if now < self.room_retry_at:
+                return
+            keep = bound - max(1, bound // 10)
+        else:
+            if now < self.forget_at:
+                return
+            self.forget_at = now + SWEEP_EVERY_S
+            keep = bound
+            self.resting_health = {t: r for t, r in self.resting_health.items() if r[0] > now}
+        forgotten = self.sched.evict_idle(now, self.s.target_idle_s, keep)
+        if room and self.sched.slot_count >= bound:
+            self.room_retry_at = now + ROOM_RETRY_S
         for target, idle_for in forgotten:
             self.robots_interval.pop(target, None)
             self.robots.forget_target(target)
-            h = self.health.get(target)
-            if h is not None and (not h.degraded or idle_for >= self.s.target_idle_s):
-                del self.health[target]
+            h = self.health.pop(target, None)
+            if h is not None and h.degraded and idle_for < self.s.target_idle_s:
+                self._rest_health(target, h, now - idle_for + self.s.target_idle_s)
         if forgotten:
             self.status.add("targets_forgotten", len(forgotten))
 
+    def _rest_health(self, target: str, h: TargetHealth, until: float) -> None:
+        """Keep a forgotten degraded target's health until ``until``, within the bound
+        (health of targets with a slot included): the oldest resting goes first."""
+        self._health_room()
+        self.resting_health[target] = (until, h)
+        self._health_added()
+
+    def _health_room(self) -> None:
+        """Make room for one more health entry: the bound covers both maps, and targets
+        with a slot (at most ``max_target_state``) go before resting ones."""
+        while self.resting_health and \
+                len(self.health) + len(self.resting_health) >= self.s.max_target_state:
+            del self.resting_health[next(iter(self.resting_health))]
+
+    def _health_added(self) -> None:
+        self.health_peak = max(self.health_peak, len(self.health) + len(self.resting_health))
+
     def memory_counts(self) -> dict[str, int]:
-        """Sizes of the per-target maps, each bounded by ``max_target_state``."""
+        """Sizes of the per-target maps, each bounded by ``max_target_state``, and the
+        largest each has been (``*_peak``, kept where entries are added)."""
         return {"target_slots": self.sched.slot_count, "robots_rules": len(self.robots),
                 "robots_intervals": len(self.robots_interval),
-                "target_health": len(self.health)}
+                "target_health": len(self.health) + len(self.resting_health),
+                "target_slots_peak": self.sched.slot_peak, "robots_rules_peak": self.robots.peak,
+                "robots_intervals_peak": self.robots_interval_peak,
+                "target_health_peak": self.health_peak}
 
     # --- rates: cap, robots, adaptive -----------------------------------------------------
 
     def _base_interval(self, target: str) -> float:
-        """Interval for a target first seen: its cap, and hold it if it is paused."""
+        """Interval for a target first seen (or seen again: a resting health comes back):
+        its cap, and hold it if it is paused."""
         if self.control is not None and self.control.state.target_paused(target):
             self.loop.call_soon(self.sched.hold, target)
+        resting = self.resting_health.pop(target, None)
+        if resting is not None:
+            self.health[target] = resting[1]
         return self._interval(target)
 
     def _cap(self, target: str) -> float:
@@ -717,6 +779,7 @@ class _Session:
 
     def _on_robots(self, target: str, min_interval_s: float) -> None:
         self.robots_interval[target] = max(self.robots_interval.get(target, 0.0), min_interval_s)
+        self.robots_interval_peak = max(self.robots_interval_peak, len(self.robots_interval))
         self.sched.set_interval(target, self._interval(target))
 
     def _observe(self, target: str, result: Result) -> None:
@@ -727,7 +790,9 @@ class _Session:
         if h is None:
             if result.signal is Signal.OK:
                 return  # healthy and never degraded: nothing to track
+            self._health_room()
             h = self.health[target] = TargetHealth(self.s.max_inflight_per_target)
+            self._health_added()
         was = (h.slowdown, h.inflight_limit)
         wait = h.observe(result.signal, result.retry_after_s)
         now = time.monotonic()
@@ -861,7 +926,12 @@ class _Session:
             if rules.unreachable:
                 result = self.rules.retry_or_dead(pj, "robots_unreachable",
                                                   UNREACHABLE_RETRY_S, 0, started)
-                self._defer(target, UNREACHABLE_RETRY_S, time.monotonic())
+                if self.sched.queued(target) or any(  # parked: committed or not
+                        self.parked.must_park(target, tier) for tier in (0, 1)):
+                    # Its other jobs wait out the retry time. A target with none left
+                    # rests no slot: its cached rules answer a next job until then, so
+                    # it can be forgotten like any idle target (a minted host, say).
+                    self._defer(target, UNREACHABLE_RETRY_S, time.monotonic())
             elif rules is not pj.allowed_by and not rules.allows(job["url"],
                                                                   self.s.robots_agent):
                 raise RobotsDisallowedError(f"robots.txt disallows {job['url']}")

@@ -3,11 +3,14 @@
 A page fetch makes exactly one request: a redirect comes back as a 3xx :class:`Response`
 with its ``location``, and the fetch stage turns the target into a job of its own (scope,
 dedupe, robots.txt and rate cap of *its* target apply). Only robots.txt follows redirects
-here (RFC 9309 §2.3.1.2), each hop re-checked. Every resolved address passes the address
-policy where the connection is made (:class:`GuardedResolver`); bodies are streamed and
-capped after decompression; every request has a total timeout (aiohttp can otherwise wait
-forever on a malformed chunked body); every exception maps to a failure class in one place
-(:func:`consumers.classify.classify_exception`).
+here (RFC 9309 §2.3.1.2), each hop re-checked: a hop the address policy refuses raises
+:class:`ForbiddenRedirectError`, told apart from a URL refused itself. Every resolved
+address passes the address policy where the connection is made (:class:`GuardedResolver`);
+bodies are streamed and capped after decompression; every request has a total timeout
+(aiohttp can otherwise wait forever on a malformed chunked body); every exception maps to a
+failure class in one place (:func:`consumers.classify.classify_exception`). Header bytes
+that are not UTF-8 never reach a record as lone surrogates (:func:`header_text`,
+:func:`location_text`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from crawlfleet.errors import (
     CrawlfleetError,
     DecompressionBombError,
     FetchTimeoutError,
+    ForbiddenAddressError,
+    ForbiddenRedirectError,
     InvalidURLError,
     ResponseTooLargeError,
     TooManyRedirectsError,
@@ -115,11 +120,13 @@ class Fetcher:
                     self._check_literal(current)
                     async with self._session.get(current, allow_redirects=False) as resp:
                         location = resp.headers.get("Location")
+                        ctype = header_text(resp.headers.get("Content-Type", ""))
+                        retry_after = resp.headers.get("Retry-After")
+                        retry_after = None if retry_after is None else header_text(retry_after)
                         if resp.status in REDIRECT_STATUSES and location:
+                            location = location_text(location)
                             if not follow_redirects:
-                                return Response(current, resp.status,
-                                                resp.headers.get("Content-Type", ""), b"",
-                                                resp.headers.get("Retry-After"),
+                                return Response(current, resp.status, ctype, b"", retry_after,
                                                 _ms(started), redirects, location)
                             redirects.append(current)
                             current = canonicalize(urljoin(current, location))
@@ -129,10 +136,13 @@ class Fetcher:
                                     f"redirects from {url}")
                             continue
                         body = await _read_capped(resp, cap, truncate)
-                        return Response(current, resp.status,
-                                        resp.headers.get("Content-Type", ""), body,
-                                        resp.headers.get("Retry-After"), _ms(started),
-                                        redirects)
+                        return Response(current, resp.status, ctype, body, retry_after,
+                                        _ms(started), redirects)
+        except ForbiddenAddressError as exc:
+            if not redirects:
+                raise  # the URL asked for is itself refused
+            raise ForbiddenRedirectError(f"{url} redirects to {current}, which is refused: "
+                                         f"{exc}") from exc
         except CrawlfleetError:
             raise
         except TimeoutError as exc:
@@ -153,6 +163,25 @@ class Fetcher:
                 raise InvalidURLError(f"non-canonical numeric host in {url!r}") from None
             return  # a name: the guarded resolver checks each address it resolves to
         self.policy.check(host, host)
+
+
+def header_text(value: str) -> str:
+    """A header value as text any string field can carry. aiohttp decodes bytes that are
+    not UTF-8 as lone surrogates (``surrogateescape``), which neither Avro nor ClickHouse
+    strings can encode: a stage would fail on the record. Those bytes become U+FFFD."""
+    if value.isascii():
+        return value
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def location_text(value: str) -> str:
+    """A Location header with each non-ASCII byte percent-encoded, so the URL followed
+    names the very bytes the server sent (``/caf\\xe9`` → ``/caf%E9``; UTF-8 ``/café``
+    → ``/caf%C3%A9``, as canonicalisation writes it anyway)."""
+    if value.isascii():
+        return value
+    raw = value.encode("utf-8", "surrogateescape")
+    return "".join(chr(b) if b < 0x80 else f"%{b:02X}" for b in raw)
 
 
 def _ms(started: float) -> int:

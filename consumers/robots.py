@@ -2,9 +2,11 @@
 
 2xx: parse the rules (the first 500 KiB of a larger file, RFC 9309 §2.5); 4xx: no rules,
 allow all; 5xx, timeout or connection failure: the site is unreachable, so disallow for
-now and try again later. An origin whose address the policy refuses is ``refused``: its
-jobs are dead-lettered at once (``address_not_allowed``), never retried. Crawl-delay and
-Request-rate are honoured by turning them into a minimum interval between requests.
+now and try again later (a robots.txt that redirects to an address the policy refuses is
+unreachable too: it cannot be fetched). An origin whose own address the policy refuses is
+``refused``: its jobs are dead-lettered at once (``address_not_allowed``), never retried.
+Crawl-delay and Request-rate are honoured by turning them into a minimum interval between
+requests.
 """
 
 from __future__ import annotations

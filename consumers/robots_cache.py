@@ -16,7 +16,11 @@ from consumers.robots import (
     refused_rules,
     rules_from_response,
 )
-from crawlfleet.errors import CrawlfleetError, ForbiddenAddressError
+from crawlfleet.errors import (
+    CrawlfleetError,
+    ForbiddenAddressError,
+    ForbiddenRedirectError,
+)
 from crawlfleet.urls import origin_of
 
 
@@ -32,6 +36,7 @@ class RobotsCache:
         self.max_origins = max_origins
         self.fetcher: Fetcher | None = None
         self.fetched = 0
+        self.peak = 0  # the most origins' rules held at once (high-water mark)
         self._rules: dict[str, RobotsRules] = {}  # oldest fetched first
         self._expiry: dict[str, float] = {}
         self._target: dict[str, str] = {}  # origin -> the target it was fetched for
@@ -43,9 +48,12 @@ class RobotsCache:
 
     def forget_target(self, target: str) -> None:
         """Drop the rules of ``target``'s origins (the target itself was forgotten: its next
-        job fetches robots.txt again, which sets its Crawl-delay again before it goes on)."""
+        job fetches robots.txt again, which sets its Crawl-delay again before it goes on).
+        Unreachable and refused ones stay until they expire: they carry no Crawl-delay, and
+        dropping them would ask that origin again before its retry time."""
         for origin in list(self._origins.get(target, ())):
-            self._drop(origin)
+            if not self._rules[origin].unreachable:
+                self._drop(origin)
 
     def _drop(self, origin: str) -> None:
         self._rules.pop(origin, None)
@@ -58,10 +66,11 @@ class RobotsCache:
                 if not origins:
                     del self._origins[target]
 
-    def _bound(self) -> None:
-        """At most ``max_origins`` rules: the oldest fetched go first (O(1) each: rules are
-        kept in fetch order, and with one TTL the oldest fetched expire first too)."""
-        while len(self._rules) > self.max_origins:
+    def _room(self) -> None:
+        """Room for one more origin within ``max_origins``: the oldest fetched go first
+        (O(1) each: rules are kept in fetch order, and with one TTL the oldest fetched
+        expire first too)."""
+        while self._rules and len(self._rules) >= self.max_origins:
             self._drop(next(iter(self._rules)))
 
     def known(self, url: str) -> RobotsRules | None:
@@ -86,13 +95,14 @@ class RobotsCache:
         self._pending[origin] = fut
         try:
             rules = await self._fetch(origin)
-            self._rules.pop(origin, None)  # re-inserted: the newest
+            self._drop(origin)  # re-inserted: the newest
+            self._room()  # the bound holds at insertion
             self._rules[origin] = rules
             self._target[origin] = target
             self._origins.setdefault(target, set()).add(origin)
             ttl = UNREACHABLE_RETRY_S if rules.unreachable else self.ttl_s
             self._expiry[origin] = time.monotonic() + ttl
-            self._bound()
+            self.peak = max(self.peak, len(self._rules))
             self.on_rules(target, rules.min_interval_s)
             fut.set_result(rules)
         finally:
@@ -105,10 +115,16 @@ class RobotsCache:
         return None
 
     async def _fetch(self, origin: str) -> RobotsRules:
+        """Rules from the origin's robots.txt. Refused only if the origin's own address is:
+        an allowed origin whose robots.txt redirects to a refused address has a robots.txt
+        that cannot be fetched, i.e. unreachable (RFC 9309 §2.3.1.4: disallow all, try
+        again later), and its jobs end ``robots_unreachable``, not ``address_not_allowed``."""
         assert self.fetcher is not None
         try:
             resp = await self.fetcher.get(origin + "/robots.txt", max_bytes=MAX_ROBOTS_BYTES,
                                           follow_redirects=True, truncate=True)
+        except ForbiddenRedirectError:
+            return rules_from_response(None, b"", self.agent)
         except ForbiddenAddressError as exc:
             return refused_rules(str(exc))
         except (CrawlfleetError, aiohttp.ClientError):

@@ -60,15 +60,21 @@ class TargetScheduler(Generic[T]):
         self._heap: list[tuple[float, str]] = []
         self._size = 0
         self._held: set[str] = set()
+        self.slot_peak = 0  # the most slots held at once (high-water mark)
 
     def __len__(self) -> int:
         return self._size
+
+    def __contains__(self, target: object) -> bool:
+        """Whether ``target`` has a slot (state kept for it)."""
+        return target in self._slots
 
     def _slot(self, target: str, now: float) -> _Slot[T]:
         slot = self._slots.get(target)
         if slot is None:
             slot = self._slots[target] = _Slot(self._interval_for(target), next_at=now,
                                                limit=self._limit)
+            self.slot_peak = max(self.slot_peak, len(self._slots))
         return slot
 
     def _schedule(self, target: str, slot: _Slot[T], now: float) -> None:
@@ -100,6 +106,7 @@ class TargetScheduler(Generic[T]):
         slot = self._slots.get(target)
         if slot is None:
             slot = self._slots[target] = _Slot(self._interval_for(target), limit=self._limit)
+            self.slot_peak = max(self.slot_peak, len(self._slots))
         if until > slot.next_at:
             slot.next_at = until
             if slot.scheduled:  # re-key lazily: stale heap entries are skipped in pop

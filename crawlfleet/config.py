@@ -128,14 +128,15 @@ class Settings:
     #: Work beyond its share is parked on disk (``crawl.parked``) and comes back in order.
     target_buffer_s: float = 5.0
     target_buffer_floor: int = 8
-    #: Statuses that mean the site blocks us: outcome ``blocked``, the target slows down.
     #: Targets a fetch worker keeps state for (scheduler slot, Crawl-delay, robots.txt
-    #: rules; health too unless it is degraded): beyond this the longest-idle ones are
-    #: forgotten (only those with no work and whose next request is allowed anyway), so a
-    #: site minting host names cannot grow a worker without bound.
+    #: rules, adaptive health): beyond this the longest-idle ones are forgotten (only those
+    #: with no work and whose next request is allowed anyway; a degraded one's health is
+    #: kept aside, within the same bound; a new target's job waits on disk while none can
+    #: go), so a site minting host names cannot grow a worker without bound.
     max_target_state: int = 10_000
     #: A target idle this long is forgotten whatever the count (a degraded one too).
     target_idle_s: float = 600.0
+    #: Statuses that mean the site blocks us: outcome ``blocked``, the target slows down.
     block_statuses: tuple[int, ...] = (403,)
     request_timeout_s: float = 20.0
     connect_timeout_s: float = 5.0

@@ -64,6 +64,11 @@ class ForbiddenAddressError(InvalidURLError):
     reason = "address_not_allowed"
 
 
+class ForbiddenRedirectError(ForbiddenAddressError):
+    """A redirect followed from an allowed URL (robots.txt follows them) leads to an
+    address that is not allowed: the URL asked for is fine, where it leads is refused."""
+
+
 class DecodeError(FatalError):
     """A record could not be decoded with any known schema."""
 

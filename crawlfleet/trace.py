@@ -30,6 +30,8 @@ from crawlfleet.urls import canonicalize, dedupe_key
 _RANK = {"enqueued": 0, "duplicate": 1, "parked": 2, "fetched": 3, "retried": 3, "failed": 3,
          "dead": 4, "released": 5, "parsed": 6, "stored": 7}
 COLUMNS = ("time", "url", "event", "attempt", "status", "detail", "worker", "version")
+#: A stored title is shown up to this many characters (the pages row holds up to 1,000).
+TITLE_SHOWN = 100
 
 _FETCH_EVENTS = {"ok": "fetched", "blocked": "fetched", "retry": "retried", "dead": "failed"}
 
@@ -85,7 +87,8 @@ def events_of(settings: Settings, url: str, profile: str) -> list[Event]:
         if parsed.year < 2000:  # stored before pages had parsed_at
             parsed = _time(r["fetched_at"])
         out.append(Event(parsed, url, "parsed", None, r["status"],
-                         f"{r['links']} links, title {r['title'][:40]!r}", r["parse_worker"], ""))
+                         f"{r['links']} links, title {r['title'][:TITLE_SHOWN]!r}",
+                         r["parse_worker"], ""))
         out.append(Event(_time(r["stored_at"]), url, "stored", None, r["status"],
                          "pages row", "store", ""))
     for r in _rows(settings, "SELECT event_id, failed_at, reason, error, attempts, worker, "

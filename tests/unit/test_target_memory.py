@@ -97,3 +97,33 @@ def test_the_robots_cache_keeps_at_most_its_bound_and_refetches_what_it_forgot()
 
     asyncio.run(main())
     assert len(fetcher.asked) == 1_001
+
+
+class _Down:
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def get(self, url: str, **_: object) -> object:
+        self.asked.append(url)
+
+        class R:
+            status, body = 503, b""
+        return R()
+
+
+def test_forgetting_a_target_keeps_its_unreachable_robots_txt_until_its_retry_time() -> None:
+    """Unreachable rules carry no Crawl-delay: dropping them with the target would only
+    ask that origin again before its retry time."""
+    cache = RobotsCache("crawlfleet", 3600.0, lambda t, i: None)
+    fetcher = _Down()
+    cache.fetcher = fetcher  # type: ignore[assignment]
+
+    async def main() -> None:
+        assert await cache.rules_for("http://down.test/p", "down.test") is None
+        cache.forget_target("down.test")
+        rules = cache.known("http://down.test/p")
+        assert rules is not None and rules.unreachable
+        assert await cache.rules_for("http://down.test/q", "down.test") is rules
+
+    asyncio.run(main())
+    assert fetcher.asked == ["http://down.test/robots.txt"]
