@@ -4,8 +4,29 @@ A raw asyncio server (not a web framework: most traps are bytes no framework wou
 on several 127.0.0.x hosts of one port. The main host serves an index that links to every
 trap and to good pages; the *off-scope* host must never be asked anything (links and
 redirects point there), and the *refused* host sits outside the address policy. Each
-trap's expected outcome is declared beside it (``TRAPS``), so a test can referee the crawl
-trap by trap and the notes can list them. Loopback only.
+trap's expected outcome is declared beside it (:func:`traps`), so a test can referee the
+crawl trap by trap and the notes can list them. Traps that are not one page declare theirs
+in a comment beside them:
+
+- :data:`REFUSED_SPELLINGS`: the refused host spelt as a browser would read it (decimal,
+  short, octal, hex, zero-padded, trailing dot): each link is one job under its canonical
+  URL, dead-lettered ``address_not_allowed``; the refused host is never asked anything.
+  :data:`MAIN_SPELLING` spells the main host: the same dedupe key as ``/good/1``, fetched once.
+- ``/up/0`` ... ``/up/8``: every link answers 301 to its trailing-slash form, as an
+  http → https redirect would (this site has no TLS): hops count per chain, so each
+  ``/up/N`` is recorded 301 and each ``/up/N/`` stored 200, past ``max_redirects``.
+- :func:`metadata_traps` (crawled with scope ``any``, not linked from the index): a link and
+  a 302 to 169.254.169.254; the links' jobs are dead-lettered ``address_not_allowed``.
+- The *robots-redirect* host: its robots.txt answers 302 to 169.254.169.254. The origin is
+  allowed but its robots.txt cannot be fetched, so it is unreachable (RFC 9309 §2.3.1.4):
+  its jobs end ``robots_unreachable``, never fetched (:data:`ROBOTS_REDIRECT_EXPECT`).
+- ``/mint/K`` pages link 1,000 hosts each in 127.1.0.0/16 (:meth:`HostileSite.minted`),
+  where nothing listens: wildcard DNS without any DNS, every connection refused on the
+  loopback interface. A fetch worker's state for them stays within ``max_target_state``.
+
+Loopback only: every host and every address a trap sends a crawler to is in 127.0.0.0/8,
+except 169.254.169.254, which the address policy refuses (and the tests' connect audit
+would refuse too, were the policy broken).
 """
 
 from __future__ import annotations
@@ -24,7 +45,9 @@ MB = 1024 * 1024
 @dataclass(frozen=True)
 class Trap:
     what: str
-    expect: str  # "stored" (harmless), "redirect*" (a recorded 3xx) or a dead-letter reason
+    #: "stored" (a page, harmless), "redirect*" (a recorded 3xx and that telemetry reason)
+    #: or the reason the job is dead-lettered with.
+    expect: str
     run: Callable[[HostileSite, Writer], Awaitable[None]]
     #: Served on a host of its own: a trap that times out or fails retryably slows its
     #: target (adaptive back-off), and should not slow every other trap with it.
@@ -57,10 +80,11 @@ def _raw(data: bytes, hold_s: float = 0.0) -> Callable[[HostileSite, Writer], Aw
     return run
 
 
-def _redirect(location: str) -> Callable[[HostileSite, Writer], Awaitable[None]]:
+def _redirect(location: str, status: str = "302 Found"
+              ) -> Callable[[HostileSite, Writer], Awaitable[None]]:
     async def run(site: HostileSite, w: Writer) -> None:
         to = location.format(off=site.off_base, offhost=f"{site.off_scope}:{site.port}")
-        w.write(_head("302 Found", extra=f"Location: {to}", length=0))
+        w.write(_head(status, extra=f"Location: {to}", length=0))
     return run
 
 
@@ -97,6 +121,22 @@ def _bomb() -> bytes:
 
 
 _BINARY = bytes(range(256)) * 64
+#: A title that is console markup (rich): stored and printed as written, never rendered.
+MARKUP_TITLE = "[/] [link=http://x.test]click[/link] [bold red]boom"
+#: Where ``/location-bytes`` leads: its Location's byte 0xE9, percent-encoded as sent.
+LOCATION_BYTES_TARGET = "/caf%E9"
+#: Levels of the ``/up/`` section, each a 301 and a page: beyond max_redirects (5).
+UP_LEVELS = 9
+#: (spelling, path): the refused host 127.0.0.4 as the WHATWG URL parser reads it.
+REFUSED_SPELLINGS = (("2130706436", "/n/dec"), ("127.4", "/n/short"),
+                     ("0177.0.0.4", "/n/octal"), ("0x7f.0.0.4", "/n/hex"),
+                     ("127.000.000.004", "/n/zeros"), ("127.0.0.4.", "/n/dot"))
+#: The main host 127.0.0.2 spelt in hex: the same page (dedupe key) as ``/good/1``.
+MAIN_SPELLING = ("0x7f.0.0.2", "/good/1")
+#: How every job of the robots-redirect host ends (its page is never requested).
+ROBOTS_REDIRECT_EXPECT = "robots_unreachable"
+#: The cloud metadata address (link-local): never connected to.
+METADATA = "http://169.254.169.254"
 _INDEX_EXTRA = [
     "{off}/linked-off-scope", "//{offhost}/scheme-relative", "HTTP://{offhost}/upper-scheme",
     "ftp://{host}/file", "javascript:alert(1)", "mailto:a@b.test", "data:text/html,hi",
@@ -159,11 +199,46 @@ def traps() -> dict[str, Trap]:
         "/loop-a": Trap("redirect cycle a → b → a", "redirect", _redirect("/loop-b")),
         "/loop-b": Trap("redirect cycle b → a", "redirect", _redirect("/loop-a")),
         "/self": Trap("redirect to itself", "redirect_loop", _redirect("/self")),
+        "/markup-title": Trap("a title that is console markup", "stored", _page(
+            f"<title>{MARKUP_TITLE}</title><p>markup".encode())),
+        "/header-bytes": Trap("a header value that is not UTF-8 (X-Note: caf\\xe9 \\xff)",
+                              "stored", _raw(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nX-Note: caf\xe9 \xff\r\n"
+            b"Content-Length: 20\r\nConnection: close\r\n\r\n<title>bytes</title>")),
+        "/ctype-bytes": Trap("a Content-Type that is not UTF-8", "stored", _raw(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=caf\xe9\r\n"
+            b"Content-Length: 20\r\nConnection: close\r\n\r\n<title>ctype</title>")),
+        # Its target, /caf%E9 (the byte as sent, percent-encoded), is stored.
+        "/location-bytes": Trap("a Location that is not UTF-8 (/caf\\xe9)", "redirect", _raw(
+            b"HTTP/1.1 302 Found\r\nLocation: /caf\xe9\r\nContent-Length: 0\r\n"
+            b"Connection: close\r\n\r\n")),
+        # Every /up/N answers 301 to /up/N/, which links /up/N+1 (see _answer).
+        "/up/0": Trap("a 301 on every link (http → https modelled by a trailing slash)",
+                      "redirect", _redirect("/up/0/", "301 Moved Permanently")),
     }
     # An endless chain (/chain/0 → /chain/1 → ...): each hop is a job of its own, and the
     # one reached after max_redirects hops is recorded as redirect_loop, not followed.
     t["/chain/0"] = Trap("endless redirect chain", "redirect", _redirect("/chain/1"))
     return t
+
+
+def metadata_traps() -> dict[str, Trap]:
+    """Main-host pages of the scope ``any`` crawl, not linked from the index (with scope
+    ``seeds`` they would only be out of scope). The link's job and the redirect's target
+    (:data:`METADATA` URLs, outside the address policy) are dead-lettered
+    ``address_not_allowed``: see :func:`metadata_outcomes`."""
+    return {
+        "/meta/link": Trap("a link to the cloud metadata address", "stored", _page(
+            f"<title>meta</title><a href='{METADATA}/latest/meta-data/'>m</a>".encode())),
+        "/meta/redirect": Trap("302 to the cloud metadata address", "redirect",
+                               _redirect(f"{METADATA}/latest/meta-data/iam")),
+    }
+
+
+def metadata_outcomes() -> dict[str, str]:
+    """Where :func:`metadata_traps` lead (canonical URLs) and how each of those jobs ends."""
+    return {f"{METADATA}/latest/meta-data/": "address_not_allowed",
+            f"{METADATA}/latest/meta-data/iam": "address_not_allowed"}
 
 
 async def _base_href(site: HostileSite, w: Writer) -> None:
@@ -178,18 +253,24 @@ class HostileSite:
     def __init__(self, port: int, main: str = "127.0.0.2", off_scope: str = "127.0.0.3",
                  refused: str = "127.0.0.4",
                  own_hosts: tuple[str, ...] = ("127.0.0.5", "127.0.0.6", "127.0.0.7",
-                                               "127.0.0.8")) -> None:
+                                               "127.0.0.8"),
+                 robots_redirect: str = "127.0.0.9", mint_pages: int = 12,
+                 mint_per_page: int = 1000) -> None:
         self.port, self.main, self.off_scope, self.refused = port, main, off_scope, refused
+        self.robots_redirect = robots_redirect
+        self.mint_pages, self.mint_per_page = mint_pages, mint_per_page
         self.traps = traps()
+        self.metadata = metadata_traps()
         own = [p for p, t in self.traps.items() if t.own_host]
         assert len(own) <= len(own_hosts), "one host per trap that has a host of its own"
         self.host_of = {p: own_hosts[i] if p in own else main
                         for i, p in enumerate(p for p in self.traps if p in own)}
         self.host_of.update({p: main for p in self.traps if p not in own})
         self._own = {h: p for p, h in self.host_of.items() if h != main}
-        for h in (main, off_scope, refused, *self._own):
+        for h in (main, off_scope, refused, robots_redirect, *self._own):
             assert h.startswith("127."), "hostile traffic stays on loopback"
-        self.hosts = (main, off_scope, refused, *self._own)
+        assert mint_pages * mint_per_page <= 65535, "minted hosts fit in 127.1.0.0/16"
+        self.hosts = (main, off_scope, refused, *self._own, robots_redirect)
         self.hits: collections.Counter[tuple[str, str]] = collections.Counter()
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -215,6 +296,27 @@ class HostileSite:
         return [self.base + "/", f"http://{self.refused}:{self.port}/",
                 *(self.url(p) for p in self._own.values())]
 
+    def metadata_seeds(self) -> list[str]:
+        """The scope ``any`` crawl: :func:`metadata_traps` and the robots-redirect host."""
+        return [*(self.base + p for p in self.metadata), self.robots_redirect_page]
+
+    @property
+    def robots_redirect_page(self) -> str:
+        return f"http://{self.robots_redirect}:{self.port}/page"
+
+    def minted(self) -> list[str]:
+        """Every minted host's URL (``http://127.1.X.Y:port/``), in the order linked."""
+        return [f"http://127.1.{i // 256}.{i % 256}:{self.port}/"
+                for i in range(1, 1 + self.mint_pages * self.mint_per_page)]
+
+    def mint_seeds(self) -> list[str]:
+        return [f"{self.base}/mint/{k}" for k in range(self.mint_pages)]
+
+    def _mint_page(self, k: int) -> bytes:
+        hosts = self.minted()[k * self.mint_per_page:(k + 1) * self.mint_per_page]
+        return ("<title>mint</title>" + "".join(f"<a href='{u}'>h</a>" for u in hosts)
+                ).encode()
+
     def robots_txt(self) -> bytes:
         """Over 500 KiB: a rule at the top, filler, and a "Disallow: /" past the cap."""
         head = b"User-agent: *\nDisallow: /private\n"
@@ -223,7 +325,8 @@ class HostileSite:
     def index(self) -> bytes:
         links = [self.url(p) for p in self.traps] + ["/bad-links"] + [
             u.format(off=self.off_base, offhost=f"{self.off_scope}:{self.port}",
-                     host=f"{self.main}:{self.port}") for u in _INDEX_EXTRA]
+                     host=f"{self.main}:{self.port}") for u in _INDEX_EXTRA] + [
+            f"http://{h}:{self.port}{p}" for h, p in (*REFUSED_SPELLINGS, MAIN_SPELLING)]
         body = "".join(f"<a href='{u}'>{u}</a>\n" for u in links)
         return f"<html><title>hostile</title><body>{body}</body></html>".encode()
 
@@ -252,6 +355,9 @@ class HostileSite:
     async def _answer(self, host: str, path: str, w: Writer) -> None:
         if host in self._own and path != "/robots.txt":
             await self.traps[self._own[host]].run(self, w)
+        elif host == self.robots_redirect:  # its page must never be asked for
+            await (_redirect(f"{METADATA}/robots.txt") if path == "/robots.txt"
+                   else _page(b"<title>never</title>"))(self, w)
         elif host != self.main:
             await _page(b"<p>no robots.txt here, or you should not be here",
                         status="404 Not Found")(self, w)
@@ -265,11 +371,32 @@ class HostileSite:
                             self, w)
         elif path in self.traps:
             await self.traps[path].run(self, w)
+        elif path in self.metadata:
+            await self.metadata[path].run(self, w)
+        elif path == LOCATION_BYTES_TARGET:
+            await _page(b"<title>cafe</title>")(self, w)
+        elif path.startswith("/up/"):
+            await self._up(path, w)
+        elif path.startswith("/mint/") and path[6:].isdigit() \
+                and int(path[6:]) < self.mint_pages:
+            await _page(self._mint_page(int(path[6:])))(self, w)
         elif path.startswith("/chain/"):
             n = int(path.rsplit("/", 1)[1]) if path.rsplit("/", 1)[1].isdigit() else 0
             await _redirect(f"/chain/{n + 1}")(self, w)
         else:
             await _page(b"not found", status="404 Not Found")(self, w)
+
+    async def _up(self, path: str, w: Writer) -> None:
+        """``/up/N`` → 301 ``/up/N/``, which links ``/up/N+1`` (the last links nothing)."""
+        level = path[4:].rstrip("/")
+        if not level.isdigit() or int(level) >= UP_LEVELS:
+            await _page(b"not found", status="404 Not Found")(self, w)
+        elif not path.endswith("/"):
+            await _redirect(f"/up/{level}/", "301 Moved Permanently")(self, w)
+        else:
+            n = int(level)
+            link = f"<a href='/up/{n + 1}'>up</a>" if n + 1 < UP_LEVELS else ""
+            await _page(f"<title>up {n}</title>{link}".encode())(self, w)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
