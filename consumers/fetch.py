@@ -5,9 +5,10 @@ One asyncio loop runs many fetches at once; one dedicated thread makes every Kaf
 overlap. This module only wires the parts:
 
 - :class:`Ledger` — epochs, offsets, dedupe holders, what each transaction carries;
-- :class:`TargetScheduler` — per-target queues, rate (cap, Crawl-delay, slowdown),
-  deferrals and in-flight limits, so a slow or deferred target never blocks another;
-- :class:`TargetHealth` — adaptive back-off: errors slow a target, never halt it alone;
+- :class:`TargetScheduler` — per-target queues and release times, so a slow or deferred
+  target never blocks another;
+- :class:`TargetPolicy` — every per-target rule: rate (cap, Crawl-delay, adaptive
+  slowdown), in-flight limit, rests, crawl windows, memory share, forgetting idle targets;
 - :class:`ParkedQueues` — a target's work beyond its memory share, parked on disk in
   order, so a big target cannot fill the worker and starve the others;
 - :class:`OutcomeRules` — a response or error → records and the target's signal.
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -39,14 +39,13 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
-from consumers.adaptive import TargetHealth
 from consumers.classify import Signal
 from consumers.http_fetch import Fetcher
 from consumers.ledger import Ledger, Pending, StoreChange
 from consumers.membership import Membership
 from consumers.outcomes import OutcomeRules, Result
 from consumers.pacer import Pacer
-from consumers.parking import ParkedQueues, encode_job, park_key, share_of
+from consumers.parking import ParkedQueues, encode_job, park_key
 from consumers.restorer import Restored, Restorer
 from consumers.robots import UNREACHABLE_RETRY_S
 from consumers.robots_cache import RobotsCache
@@ -65,6 +64,7 @@ from consumers.scope import OUT_OF_SCOPE, REROUTE, recheck
 from consumers.seen import SeenStore
 from consumers.slow_start import SlowStart
 from consumers.state_store import StateStore
+from consumers.target_policy import TargetPolicy
 from crawlfleet.config import Settings
 from crawlfleet.errors import (
     CrawlfleetError,
@@ -74,7 +74,6 @@ from crawlfleet.errors import (
     RobotsDisallowedError,
 )
 from crawlfleet.urls import canonicalize, target_of
-from crawlfleet.windows import parse_windows, seconds_until_open
 from infra.kafka_io import (
     Encoder,
     Output,
@@ -93,8 +92,6 @@ from schemas.topics import partition_for
 log = logging.getLogger("crawlfleet.fetch")
 R = TypeVar("R")
 TP = tuple[str, int]
-#: A target deferred at least this long sends its queued jobs to disk until it may go again.
-SPILL_AFTER_S = 10.0
 #: A worker out of queued jobs hands its results on this often, not on the full interval.
 _STARVED_COMMIT_S = 0.1
 #: How long a starting worker waits for the control topic's end before it says so (and
@@ -111,9 +108,6 @@ REFILL_SWEEP_S = 5.0
 REJOIN_PAUSE_S = 1.0
 #: Expired dedupe keys are swept from the local store (a slice at a time) this often.
 SWEEP_EVERY_S = 10.0
-#: A new target that finds no room (every target state in use) waits on disk; the
-#: scheduler is searched for idle targets to forget at most this often meanwhile.
-ROOM_RETRY_S = 1.0
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -184,25 +178,17 @@ class _Session:
         self.rules = OutcomeRules(self.s, self.topo, self.enc, stage.worker)
         self.sched: TargetScheduler[Pending] = TargetScheduler(
             self._base_interval, limit=self.s.max_inflight_per_target)
-        self.health: dict[str, TargetHealth] = {}  # targets with a scheduler slot
-        # Degraded targets forgotten before they were idle target_idle_s: their health
-        # (and when it may go), oldest forgotten first; a target seen again gets it back.
-        self.resting_health: dict[str, tuple[float, TargetHealth]] = {}
         self.seen = SeenStore(stage.state_dir("seen"), ttl_s=self.s.seen_ttl_s)
         self.membership = Membership(self.topo, "fetch")
         self.restorer = Restorer("fetch", self._restore)
         self.sweep_at = 0.0
         self.parked = ParkedQueues(StateStore("parked", stage.state_dir("parked")),
                                    self.topo.partitions)
-        self.robots = RobotsCache(self.s.robots_agent, self.s.robots_ttl_s, self._on_robots,
+        self.robots = RobotsCache(self.s.robots_agent, self.s.robots_ttl_s,
+                                  lambda t, i: self.policy.on_robots(t, i),
                                   max_origins=self.s.max_target_state)
-        self.forget_at = 0.0
-        self.room_retry_at = 0.0
-        self.robots_interval: dict[str, float] = {}
-        self.robots_interval_peak = 0
-        self.health_peak = 0
-        # Targets deferred long enough to have gone to disk: refill them when this is due.
-        self.wake_at: list[tuple[float, str]] = []
+        self.policy = TargetPolicy(self.s, self.sched, self.robots, self._cap,
+                                   self.status.add)
         self.refill_sweep_at = time.monotonic() + REFILL_SWEEP_S
         self.running = 0
         self.paused = False
@@ -216,14 +202,12 @@ class _Session:
         self.pacer = Pacer(self.s.fleet_rate_cap)
         self.members_stale = False
         self.admin: AdminClient | None = None
-        self.windows = {t: parse_windows(w) for t, w in self.s.crawl_windows.items()}
         self.committer: TxnCommitter | None = None
         self.slow_start = SlowStart(floor=150)  # outputs (~3 per page) per transaction
-        self.share_ceiling = max(1, self.s.max_buffered // 2)
         self._allowed = frozenset(self.s.allowed_targets)
         self.poll_gaps = PollGaps(self.status)
-        self.deferred_until: dict[str, float] = {}  # for the deferred_targets gauge
-        self.status.gauge_fns["deferred_targets"] = self._deferred_targets
+        self.status.gauge_fns["deferred_targets"] = \
+            lambda: self.policy.deferred_targets(time.monotonic())
 
     # --- Kafka thread -------------------------------------------------------------------
 
@@ -451,7 +435,7 @@ class _Session:
                 self.sched.hold(target)
             else:
                 self.sched.release(target, now)
-            self.sched.set_interval(target, self._interval(target))
+            self.sched.set_interval(target, self.policy.interval(target))
         self.wake.set()
 
     # --- event loop ---------------------------------------------------------------------
@@ -519,11 +503,11 @@ class _Session:
                 await self._kafka(self._commit)
                 last_commit = now
             self._sweep_parked(now)
-            self._forget_idle(now)
+            self.policy.forget_idle(now)
             self._report()
 
     def _report(self) -> None:
-        self.status.gauges.update(self.memory_counts())
+        self.status.gauges.update(self.policy.memory_counts())
         self.status.gauges.update(inflight=self.running, queued=len(self.sched),
                                   parked=self.parked.total(), seen_keys=len(self.seen),
                                   uncommitted=self.ledger.uncommitted,
@@ -570,12 +554,8 @@ class _Session:
                 self.ledger.finish(pj, [self._duplicate(pj)], None)
                 continue
             target, tier = pj.target, self._tier_of(tp)
-            if self.parked.must_park(target, tier) \
-                    or self._held(target, tier) >= self._share(target) \
-                    or not self._room_for(target, now):
-                # behind what is parked, beyond the target's share, or no room for one
-                # more target's state: it comes back with a refill
-                self._park(pj)
+            if self.policy.must_park(target, tier, now, self.parked.must_park(target, tier)):
+                self._park(pj)  # it comes back with a refill
                 continue
             self.ledger.hold(pj)
             self.sched.push(target, pj, now, tier=pj.tier)
@@ -583,22 +563,8 @@ class _Session:
 
     # --- per-target memory: share, park, refill -------------------------------------------
 
-    def _held(self, target: str, tier: int) -> int:
-        """A tier's jobs in memory (and the target's in flight): each tier has its own
-        share, so the scheduler's high:bulk mix always sees both."""
-        return self.sched.queued(target, tier) + self.sched.inflight(target)
-
     def _tier_of(self, tp: TP) -> int:
         return 1 if tp[0] == self.topo.frontier_high else 0
-
-    def _share(self, target: str) -> int:
-        """Jobs ``target`` may hold in memory: a few seconds at its current rate."""
-        interval = self._interval(target)
-        h = self.health.get(target)
-        limit = h.inflight_limit if h is not None else self.s.max_inflight_per_target
-        return share_of(1.0 / interval if interval > 0 else float("inf"),
-                        self.s.target_buffer_s, self.s.target_buffer_floor, limit,
-                        self.share_ceiling)
 
     def _park(self, pj: Pending) -> None:
         """Send a job to disk: a frontier record is written to the parked changelog with
@@ -644,18 +610,18 @@ class _Session:
         if self.parked.available(target) <= 0:
             return
         now = time.monotonic()
-        if self.sched.deferred_for(target, now) >= SPILL_AFTER_S:
-            return  # resting: wake_at brings it back
-        if not self._room_for(target, now):
+        if self.policy.resting(target, now):
+            return  # resting: due_wakes brings it back
+        if not self.policy.room_for(target, now):
             return  # the refill sweep tries again
         part = partition_for(target, self.topo.partitions)
         tp = self._home_tp(part)
         epoch = self.ledger.epoch_of(tp) if tp is not None else None
         if tp is None or epoch is None:
             return
-        share = self._share(target)
+        share = self.policy.share(target)
         for tier in (1, 0):
-            held = self._held(target, tier)
+            held = self.policy.held(target, tier)
             room = share - held
             if room <= 0 or (held and room < share // 2):
                 continue  # refill in batches, not one scan per finished job
@@ -670,8 +636,7 @@ class _Session:
                 self.status.add("unparked")
 
     def _refill_due(self, now: float) -> None:
-        while self.wake_at and self.wake_at[0][0] <= now:
-            _, target = heapq.heappop(self.wake_at)
+        for target in self.policy.due_wakes(now):
             self._refill(target)
 
     def _sweep_parked(self, now: float) -> None:
@@ -680,143 +645,39 @@ class _Session:
             return
         self.refill_sweep_at = now + REFILL_SWEEP_S
         for target in self.parked.waiting_targets():
-            if not self._held(target, 0) and not self._held(target, 1):
+            if not self.policy.held(target, 0) and not self.policy.held(target, 1):
                 self.status.add("refill_sweeps")
                 self._refill(target)
                 self.wake.set()
 
-    def _room_for(self, target: str, now: float) -> bool:
-        """Whether ``target`` may hold a scheduler slot now: it has one, or one more fits
-        in ``max_target_state``, or forgetting idle targets makes room. The bound holds
-        where slots are made (a batch of new targets cannot overshoot it); a job that
-        finds no room is parked and comes back with a refill."""
-        bound = self.s.max_target_state
-        if target in self.sched or self.sched.slot_count < bound:
-            return True
-        self._forget_idle(now, room=True)
-        return self.sched.slot_count < bound
-
-    def _forget_idle(self, now: float, room: bool = False) -> None:
-        """Bounded memory per target: idle targets are forgotten every ``SWEEP_EVERY_S``
-        (main loop), and when a new target finds ``max_target_state`` in use (``room``):
-        then the longest idle go until a tenth of the bound is free, so the scan of every
-        slot runs once per that many new targets (and at most every ``ROOM_RETRY_S`` while
-        none can go). Only targets with no work whose next request is allowed anyway (no
-        cap is loosened); a degraded target's health rests aside until it was idle
-        ``target_idle_s``, and comes back if the target does."""
-        bound = self.s.max_target_state
-        if room:
-            if now < self.room_retry_at:
-                return
-            keep = bound - max(1, bound // 10)
-        else:
-            if now < self.forget_at:
-                return
-            self.forget_at = now + SWEEP_EVERY_S
-            keep = bound
-            self.resting_health = {t: r for t, r in self.resting_health.items() if r[0] > now}
-        forgotten = self.sched.evict_idle(now, self.s.target_idle_s, keep)
-        if room and self.sched.slot_count >= bound:
-            self.room_retry_at = now + ROOM_RETRY_S
-        for target, idle_for in forgotten:
-            self.robots_interval.pop(target, None)
-            self.robots.forget_target(target)
-            h = self.health.pop(target, None)
-            if h is not None and h.degraded and idle_for < self.s.target_idle_s:
-                self._rest_health(target, h, now - idle_for + self.s.target_idle_s)
-        if forgotten:
-            self.status.add("targets_forgotten", len(forgotten))
-
-    def _rest_health(self, target: str, h: TargetHealth, until: float) -> None:
-        """Keep a forgotten degraded target's health until ``until``, within the bound
-        (health of targets with a slot included): the oldest resting goes first."""
-        self._health_room()
-        self.resting_health[target] = (until, h)
-        self._health_added()
-
-    def _health_room(self) -> None:
-        """Make room for one more health entry: the bound covers both maps, and targets
-        with a slot (at most ``max_target_state``) go before resting ones."""
-        while self.resting_health and \
-                len(self.health) + len(self.resting_health) >= self.s.max_target_state:
-            del self.resting_health[next(iter(self.resting_health))]
-
-    def _health_added(self) -> None:
-        self.health_peak = max(self.health_peak, len(self.health) + len(self.resting_health))
-
-    def memory_counts(self) -> dict[str, int]:
-        """Sizes of the per-target maps, each bounded by ``max_target_state``, and the
-        largest each has been (``*_peak``, kept where entries are added)."""
-        return {"target_slots": self.sched.slot_count, "robots_rules": len(self.robots),
-                "robots_intervals": len(self.robots_interval),
-                "target_health": len(self.health) + len(self.resting_health),
-                "target_slots_peak": self.sched.slot_peak, "robots_rules_peak": self.robots.peak,
-                "robots_intervals_peak": self.robots_interval_peak,
-                "target_health_peak": self.health_peak}
-
     # --- rates: cap, robots, adaptive -----------------------------------------------------
 
     def _base_interval(self, target: str) -> float:
-        """Interval for a target first seen (or seen again: a resting health comes back):
-        its cap, and hold it if it is paused."""
+        """Interval for a target given a slot (the policy's); hold it if it is paused."""
         if self.control is not None and self.control.state.target_paused(target):
             self.loop.call_soon(self.sched.hold, target)
-        resting = self.resting_health.pop(target, None)
-        if resting is not None:
-            self.health[target] = resting[1]
-        return self._interval(target)
+        return self.policy.base_interval(target)
 
     def _cap(self, target: str) -> float:
         live = self.control.state.caps.get(target) if self.control is not None else None
         return live or self.s.cap_for(target)
 
-    def _interval(self, target: str) -> float:
-        """The stricter of the cap and robots.txt's Crawl-delay / Request-rate, stretched by
-        the target's adaptive slowdown."""
-        base = max(1.0 / self._cap(target), self.robots_interval.get(target, 0.0))
-        h = self.health.get(target)
-        return base * h.slowdown if h is not None else base
-
-    def _on_robots(self, target: str, min_interval_s: float) -> None:
-        self.robots_interval[target] = max(self.robots_interval.get(target, 0.0), min_interval_s)
-        self.robots_interval_peak = max(self.robots_interval_peak, len(self.robots_interval))
-        self.sched.set_interval(target, self._interval(target))
-
     def _observe(self, target: str, result: Result) -> None:
-        """Feed a request's signal to the target's adaptive limits."""
-        if result.signal is Signal.NEUTRAL:
-            return
-        h = self.health.get(target)
-        if h is None:
-            if result.signal is Signal.OK:
-                return  # healthy and never degraded: nothing to track
-            self._health_room()
-            h = self.health[target] = TargetHealth(self.s.max_inflight_per_target)
-            self._health_added()
-        was = (h.slowdown, h.inflight_limit)
-        wait = h.observe(result.signal, result.retry_after_s)
+        """Feed a request's signal to the target's policy; do the rest and shedding it asks."""
         now = time.monotonic()
-        if (h.slowdown, h.inflight_limit) != was:
-            self.sched.set_interval(target, self._interval(target))
-            self.sched.set_limit(target, h.inflight_limit, now)
-        if result.signal is not Signal.OK:
+        seen = self.policy.observe(target, result.signal, result.retry_after_s, now)
+        if result.signal not in (Signal.OK, Signal.NEUTRAL):
             self.status.add(f"signal_{result.signal.value}")
-            queued, share = self.sched.queued(target), self._share(target)
-            if queued > 2 * share:  # slowed down a lot: keep only its new share in memory
-                self._shed(target, share)
-        if not h.degraded and h.errors == 0:
-            del self.health[target]
-        if wait > 0:
-            self._defer(target, wait, now)
+        if seen.shed_to is not None:
+            self._shed(target, seen.shed_to)
+        if seen.wait > 0:
+            self._defer(target, seen.wait, now)
 
     def _defer(self, target: str, wait: float, now: float) -> None:
         """No request to ``target`` for ``wait`` s; a long rest sends its queue to disk."""
-        self.sched.defer(target, now + wait)
         self.status.add("deferrals")
-        self.deferred_until[target] = max(self.deferred_until.get(target, 0.0), now + wait)
-        if wait >= SPILL_AFTER_S:
+        if self.policy.defer(target, wait, now):
             self._shed(target, 0)
-            heapq.heappush(self.wake_at, (now + wait, target))
 
     # --- dispatch -------------------------------------------------------------------------
 
@@ -835,7 +696,7 @@ class _Session:
                         self.ledger.release(pj)
                         self.sched.done(target, now)
                         continue  # partition moved away: the new owner redoes it
-                    if target in self.windows and self._outside_window(target, pj, now):
+                    if target in self.policy.windows and self._outside_window(target, pj, now):
                         self.sched.done(target, now)
                         continue
                     if self._disallowed_now(target, pj, now):
@@ -847,9 +708,9 @@ class _Session:
                     self.tasks.add(task)
                     task.add_done_callback(self.tasks.discard)
                 self.pacer.take(now, started)
-            due = self.sched.next_due()
-            if self.wake_at:
-                due = self.wake_at[0][0] if due is None else min(due, self.wake_at[0][0])
+            due, wake = self.sched.next_due(), self.policy.next_wake()
+            if wake is not None:
+                due = wake if due is None else min(due, wake)
             paced = self.pacer.next_at()
             if due is not None and paced is not None:
                 due = max(due, paced)
@@ -880,20 +741,13 @@ class _Session:
 
     def _outside_window(self, target: str, pj: Pending, now: float) -> bool:
         """Outside the target's crawl window the job waits (queued or parked), never dropped."""
-        wait = seconds_until_open(self.windows[target], datetime.now(UTC))
+        wait = self.policy.window_wait(target, datetime.now(UTC))
         if wait <= 0:
             return False
         self.sched.push_front(target, pj, now, tier=pj.tier)
         self.status.add("outside_window")
-        self._defer(target, min(wait, 3600.0), now)
+        self._defer(target, wait, now)
         return True
-
-    def _deferred_targets(self) -> int:
-        """Targets resting now (the gauge, computed when the status is written)."""
-        now = time.monotonic()
-        for target in [t for t, until in self.deferred_until.items() if until <= now]:
-            del self.deferred_until[target]
-        return len(self.deferred_until)
 
     def _drop_stale(self) -> None:
         """Forget queued jobs of partitions this worker no longer owns."""
@@ -921,7 +775,7 @@ class _Session:
                 # A full interval after the answer, not after the release: the robots.txt
                 # request may have left late (a burst of new targets), and the site counts
                 # the gap between the requests it saw.
-                self.sched.defer(target, now + self._interval(target))
+                self.sched.defer(target, now + self.policy.interval(target))
                 return
             if rules.unreachable:
                 result = self.rules.retry_or_dead(pj, "robots_unreachable",

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from consumers import fetch
+from consumers import target_policy
 from consumers.classify import Signal
 from consumers.fetch import FetchStage, _Session
 from consumers.outcomes import Result
@@ -115,18 +115,18 @@ def _release_all(session: _Session) -> list[str]:
 
 def test_a_batch_of_new_targets_never_overshoots_the_bound(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fetch, "ROOM_RETRY_S", 0.0)
+    monkeypatch.setattr(target_policy, "ROOM_RETRY_S", 0.0)
     jobs = _Jobs()
 
     async def body(session: _Session) -> dict[str, int]:
         # 300 new targets in one batch, none idle: a hundred get state, the rest wait on disk
         session._admit(jobs.msgs(session, range(300)))
-        assert session.memory_counts()["target_slots"] == BOUND
+        assert session.policy.memory_counts()["target_slots"] == BOUND
         assert session.status.counters.get("parked") == 200
         # once those are idle, a new batch makes room by forgetting the longest idle
         _release_all(session)
         session._admit(jobs.msgs(session, range(300, 350)))
-        counts = session.memory_counts()
+        counts = session.policy.memory_counts()
         assert session.status.counters.get("parked") == 200  # all 50 found room
         assert session.status.counters.get("targets_forgotten", 0) >= 50
         return counts
@@ -138,7 +138,7 @@ def test_a_batch_of_new_targets_never_overshoots_the_bound(
 
 def test_degraded_targets_forgotten_early_keep_their_health_within_the_bound(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fetch, "ROOM_RETRY_S", 0.0)
+    monkeypatch.setattr(target_policy, "ROOM_RETRY_S", 0.0)
     jobs = _Jobs()
     error = Result([], (DONE, 0), Signal.ERROR)
 
@@ -148,14 +148,14 @@ def test_degraded_targets_forgotten_early_keep_their_health_within_the_bound(
             for target in _release_all(session):
                 if int(target[1:].split(".")[0]) % 2 == 0:
                     session._observe(target, error)
-            counts = session.memory_counts()
+            counts = session.policy.memory_counts()
             assert counts["target_health"] <= BOUND, counts
         # forgotten early, so resting aside; seen again, it gets its slowdown back
-        again = next(reversed(session.resting_health))  # the newest resting
-        kept = session.resting_health[again][1]
-        assert again not in session.sched and again not in session.health
+        again = next(reversed(session.policy.resting_health))  # the newest resting
+        kept = session.policy.resting_health[again][1]
+        assert again not in session.sched and again not in session.policy.health
         session._admit([_job(session, jobs.offset, f"http://{again}/again", again)])
-        return session.memory_counts(), kept, session.health.get(again)
+        return session.policy.memory_counts(), kept, session.policy.health.get(again)
 
     counts, kept, back = _session_run(tmp_path, body)
     assert counts["target_health_peak"] <= BOUND, counts
