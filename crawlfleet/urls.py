@@ -75,12 +75,14 @@ def _canonicalize(url: str) -> str:
         port = parts.port
     except ValueError as exc:  # bad port, bad IPv6 literal
         raise InvalidURLError(f"malformed URL {url!r}: {exc}") from exc
-    if not _is_ip(host) and ends_in_number(host):
-        host = _whatwg_ipv4(host, url)
     try:
         host = host.encode("idna").decode("ascii").lower() if not _is_ip(host) else host
     except UnicodeError as exc:
         raise InvalidURLError(f"bad host name in {url!r}") from exc
+    # After IDNA's mapping: "¹" and fullwidth digits become ASCII digits there, so a host
+    # spelt with them is a number too (and its canonical form a fixed point).
+    if not _is_ip(host) and ends_in_number(host):
+        host = _whatwg_ipv4(host, url)
     if not _is_ip(host) and not _FORBIDDEN_HOST_CHARS.isdisjoint(host):
         # w3lib would rewrite them (a backslash becomes a slash, moving the host into the
         # path), so the result would not be canonical, or not the same host.

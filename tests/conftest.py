@@ -14,11 +14,14 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 # Fuzzing: CI runs the same examples every time ("ci": derandomized, no example database);
-# HYPOTHESIS_PROFILE=nightly explores new inputs for as long as it is given, and keeps what
-# it finds in .hypothesis/ so a failure found once is tried first on the next run.
+# HYPOTHESIS_PROFILE=nightly explores new inputs (HYPOTHESIS_MAX_EXAMPLES per test, 100,000
+# unless set) and keeps what it finds in .hypothesis/, so a failure found once is tried
+# first on the next run.
 settings.register_profile("ci", max_examples=300, deadline=None, derandomize=True,
                           database=None, suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("nightly", max_examples=100_000, deadline=None,
+settings.register_profile("nightly",
+                          max_examples=int(os.environ.get("HYPOTHESIS_MAX_EXAMPLES", 100_000)),
+                          deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

@@ -25,7 +25,10 @@ from crawlfleet.urls import (
 
 CORPUS = Path(__file__).with_name("data") / "canonical_corpus.jsonl"
 SPELLINGS = ("2130706433", "127.1", "0177.0.0.1", "127.000.000.001", "127.0.0.1.", "0x7f.1",
-             "0x7F000001", "127.0.1")
+             "0x7F000001", "127.0.1",
+             # digits that IDNA maps to ASCII ones (found by the nightly fuzz: "¹" gave
+             # "http://1/", which canonicalised again to "http://0.0.0.1/")
+             "\uff11\uff12\uff17.\uff11", "127.0.0.\u00b9")
 
 
 @pytest.mark.parametrize("spelt", SPELLINGS)
