@@ -75,6 +75,8 @@ def _canonicalize(url: str) -> str:
         port = parts.port
     except ValueError as exc:  # bad port, bad IPv6 literal
         raise InvalidURLError(f"malformed URL {url!r}: {exc}") from exc
+    if "%" in host:  # an IPv6 zone id (fe80::1%eth0): an interface, not a host on the web
+        raise InvalidURLError(f"zone identifier in the host of {url!r}")
     try:
         host = host.encode("idna").decode("ascii").lower() if not _is_ip(host) else host
     except UnicodeError as exc:
@@ -161,7 +163,8 @@ def target_of(url: str, mode: str = "host") -> str:
 
 
 def _target_of(url: str, mode: str) -> str:
-    host = host_of(url)
+    # "example.com." and "example.com" are one site (nightly fuzz): one target, one cap.
+    host = host_of(url).rstrip(".")
     if mode == "host" or _is_ip(host):
         return host
     return registrable_domain(host)

@@ -147,6 +147,8 @@ def test_canonicalize_raises_only_invalid_url_and_is_idempotent(url: str) -> Non
 
 @FUZZ
 @given(URLS, st.sampled_from(["host", "domain"]))
+@example("http://0.A.", "host")  # nightly: the target kept the trailing dot in host mode
+@example("http://0.A.", "domain")
 def test_target_of_never_raises_and_is_stable_under_canonicalisation(url: str,
                                                                      mode: str) -> None:
     canonical = _canonical(url)
@@ -157,13 +159,15 @@ def test_target_of_never_raises_and_is_stable_under_canonicalisation(url: str,
     assert target_of(canonicalize(canonical), mode) == target
     assert target == target.lower()
     # The target is a suffix of the host, so its partition follows the host.
-    assert host_of(canonical).endswith(target)
+    assert host_of(canonical).rstrip(".").endswith(target)
+    assert not target.endswith("."), target  # "a.example." is a.example: one site, one cap
     assert origin_of(canonical).startswith(canonical.split(":", 1)[0])
 
 
 @FUZZ
 @given(URLS, URLS, st.sampled_from(["same-target", "seeds", "any"]),
        st.sampled_from(["host", "domain"]), st.integers(-1, 3), st.integers(-1, 3))
+@example("", "http://[::1%\x80]", "same-target", "host", 0, 0)  # nightly: a zone id raised
 def test_scope_check_never_raises(link: str, page: str, scope: str, mode: str, depth: int,
                                   max_depth: int) -> None:
     canonical_link, canonical_page = _canonical(link), _canonical(page)
