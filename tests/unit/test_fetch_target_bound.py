@@ -22,6 +22,7 @@ from consumers.outcomes import Result
 from consumers.robots import UNREACHABLE_RETRY_S
 from consumers.seen import DONE
 from crawlfleet.config import Settings
+from tests.unit.test_target_memory import RobotsFetcher
 
 BOUND = 100
 T = TypeVar("T")
@@ -50,20 +51,6 @@ class _Msg:
 
     def error(self) -> None:
         return None
-
-
-class _Unreachable:
-    """A fetcher whose every robots.txt answers 503 (unreachable: disallow all for now)."""
-
-    def __init__(self) -> None:
-        self.asked: list[str] = []
-
-    async def get(self, url: str, **_: object) -> object:
-        self.asked.append(url)
-
-        class R:
-            status, body = 503, b""
-        return R()
 
 
 def _session_run(tmp_path: Path, body: Callable[[_Session], Awaitable[T]],
@@ -173,7 +160,7 @@ def _job(session: _Session, offset: int, url: str, target: str) -> Any:
 def test_an_unreachable_robots_txt_rests_a_target_only_while_it_has_work(
         tmp_path: Path) -> None:
     async def body(session: _Session) -> tuple[float, float, list[str]]:
-        robots = _Unreachable()
+        robots = RobotsFetcher(503, b"")  # unreachable: disallow all for now
         session.robots.fetcher = robots  # type: ignore[assignment]
         rests = []
         # a target with one job, then one with two (one queued behind the first)

@@ -65,23 +65,24 @@ def test_idle_for_long_is_forgotten_whatever_the_count() -> None:
     assert [t for t, _ in gone] == ["old.test"]
 
 
-class _Fetcher:
-    def __init__(self) -> None:
+class RobotsFetcher:
+    """A fetcher whose every robots.txt answers ``status`` with ``body``; counts asks."""
+
+    def __init__(self, status: int = 200, body: bytes = b"User-agent: *\nCrawl-delay: 3\n"
+                 ) -> None:
         self.asked: list[str] = []
+        self.status, self.body = status, body
 
     async def get(self, url: str, **_: object) -> object:
         self.asked.append(url)
-
-        class R:
-            status, body = 200, b"User-agent: *\nCrawl-delay: 3\n"
-        return R()
+        return self
 
 
 def test_the_robots_cache_keeps_at_most_its_bound_and_refetches_what_it_forgot() -> None:
     intervals: dict[str, float] = {}
     cache = RobotsCache("crawlfleet", 3600.0, lambda t, i: intervals.__setitem__(t, i),
                         max_origins=100)
-    fetcher = _Fetcher()
+    fetcher = RobotsFetcher()
     cache.fetcher = fetcher  # type: ignore[assignment]
 
     async def main() -> None:
@@ -99,23 +100,11 @@ def test_the_robots_cache_keeps_at_most_its_bound_and_refetches_what_it_forgot()
     assert len(fetcher.asked) == 1_001
 
 
-class _Down:
-    def __init__(self) -> None:
-        self.asked: list[str] = []
-
-    async def get(self, url: str, **_: object) -> object:
-        self.asked.append(url)
-
-        class R:
-            status, body = 503, b""
-        return R()
-
-
 def test_forgetting_a_target_keeps_its_unreachable_robots_txt_until_its_retry_time() -> None:
     """Unreachable rules carry no Crawl-delay: dropping them with the target would only
     ask that origin again before its retry time."""
     cache = RobotsCache("crawlfleet", 3600.0, lambda t, i: None)
-    fetcher = _Down()
+    fetcher = RobotsFetcher(503, b"")
     cache.fetcher = fetcher  # type: ignore[assignment]
 
     async def main() -> None:
