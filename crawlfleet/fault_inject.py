@@ -118,23 +118,23 @@ class RollingRestart(FaultThread):
     """A deployment's rolling restart: every broker stopped cleanly (SIGTERM) and started
     again, one after another, then every worker of every stage stopped cleanly (``stop``:
     it commits what it finished and leaves) and restarted by the fleet under its own id,
-    one after another, each back before the next goes. ``paces`` records the pages stored
-    per second during each step, for the report (never judged)."""
+    one after another, each back before the next goes. ``paces`` records the requests per
+    second the site served during each step, for the report (never judged)."""
 
     def __init__(self, record: FaultRecord, t0: float, home: Path, nodes: int,
                  stop: KillFn, workers: Callable[[], list[str]],
-                 serving: Callable[[str], bool], stored: Callable[[], int]) -> None:
+                 serving: Callable[[str], bool], requested: Callable[[], int]) -> None:
         super().__init__(record, t0)
         self.home, self.nodes, self.stop = home, nodes, stop
-        self.workers, self.serving, self.stored = workers, serving, stored
+        self.workers, self.serving, self.requested = workers, serving, requested
         self.paces: list[tuple[str, float]] = []
 
     def _step(self, what: str, action: Callable[[], None]) -> None:
-        began, before = time.monotonic(), self.stored()
+        began, before = time.monotonic(), self.requested()
         action()
         self.cancel.wait(ROLL_SETTLE_S)
         took = max(1e-3, time.monotonic() - began)
-        self.paces.append((what, (self.stored() - before) / took))
+        self.paces.append((what, (self.requested() - before) / took))
 
     def inject(self) -> None:
         for node in range(1, self.nodes + 1):
@@ -150,7 +150,7 @@ class RollingRestart(FaultThread):
                         and not self.cancel.is_set():
                     self.cancel.wait(0.5)
             self._step(wid, restart)
-        self.record.detail = "pages/s per step: " + ", ".join(
+        self.record.detail = "requests/s to the site per step: " + ", ".join(
             f"{what} {pace:.1f}" for what, pace in self.paces)
 
 
