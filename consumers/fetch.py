@@ -41,29 +41,14 @@ from confluent_kafka.admin import AdminClient
 
 from consumers.classify import Signal
 from consumers.http_fetch import Fetcher
-from consumers.ledger import Ledger, Pending, StoreChange
-from consumers.membership import Membership
 from consumers.outcomes import OutcomeRules, Result
 from consumers.pacer import Pacer
 from consumers.parking import ParkedQueues, encode_job, park_key
-from consumers.restorer import Restored, Restorer
 from consumers.robots import UNREACHABLE_RETRY_S
 from consumers.robots_cache import RobotsCache
-from consumers.runtime import (
-    FencedError,
-    PollGaps,
-    StatusFile,
-    StopFlag,
-    TxnCommitter,
-    on_kafka_thread,
-    wait_for_kafka,
-    worker_name,
-)
 from consumers.scheduler import TargetScheduler
 from consumers.scope import OUT_OF_SCOPE, REROUTE, recheck
 from consumers.seen import SeenStore
-from consumers.slow_start import SlowStart
-from consumers.state_store import StateStore
 from consumers.target_policy import TargetPolicy
 from crawlfleet.config import Settings
 from crawlfleet.errors import (
@@ -74,20 +59,28 @@ from crawlfleet.errors import (
     RobotsDisallowedError,
 )
 from crawlfleet.urls import canonicalize, target_of
-from infra.kafka_io import (
+from infra.topics import topology_of
+from producers.lineage import DUPLICATE, PARKED, lineage_event
+from producers.replay import job_dedupe_key
+from schemas.topics import partition_for
+from streams.committer import FencedError, TxnCommitter, on_kafka_thread
+from streams.control import ControlReader, backlog_key
+from streams.io import (
     Encoder,
     Output,
     consume_ready,
     consumer_conf,
     offset_of,
     stable_committed,
-    topology_of,
     tp_of,
 )
-from producers.control import ControlReader, backlog_key
-from producers.lineage import DUPLICATE, PARKED, lineage_event
-from producers.replay import job_dedupe_key
-from schemas.topics import partition_for
+from streams.ledger import Ledger, Pending, StoreChange
+from streams.membership import Membership
+from streams.restorer import Restored, Restorer
+from streams.slow_start import SlowStart
+from streams.state_store import StateStore
+from streams.status import PollGaps, StatusFile
+from streams.worker import StopFlag, wait_for_kafka, worker_name
 
 log = logging.getLogger("crawlfleet.fetch")
 R = TypeVar("R")

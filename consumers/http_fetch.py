@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import ssl
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urljoin, urlsplit
@@ -41,8 +40,6 @@ from crawlfleet.errors import (
 from crawlfleet.urls import AddressPolicy, canonicalize, ends_in_number
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
-HTTP_LIB_VERSION = f"aiohttp/{aiohttp.__version__}"
-TLS_LIB_VERSION = ssl.OPENSSL_VERSION
 #: A compressed body that inflates more than this many times its wire size (as read so far,
 #: read-ahead included) past the cap is a bomb; HTML compresses 5-10 times.
 BOMB_RATIO = 20

@@ -13,11 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from consumers.classify import Signal, Verdict, classify_status
-from consumers.http_fetch import HTTP_LIB_VERSION, REDIRECT_STATUSES, TLS_LIB_VERSION, Response
-from consumers.ledger import Pending
+from consumers.http_fetch import REDIRECT_STATUSES, Response
 from consumers.scope import follow
 from consumers.seen import DEAD, DONE, RETRYING
-from crawlfleet import __version__
 from crawlfleet.config import Settings
 from crawlfleet.errors import (
     ConnectError,
@@ -26,12 +24,12 @@ from crawlfleet.errors import (
     TruncatedBodyError,
 )
 from crawlfleet.urls import resolve_link, target_of
-from infra.kafka_io import Encoder, Output
+from crawlfleet.versions import FETCHER_VERSION, HTTP_LIB_VERSION, TLS_LIB_VERSION
 from producers.lineage import ENQUEUED, lineage_event
 from producers.replay import REDIRECT_HOPS, without_replay
 from schemas.topics import RETRY_DELAYS_S, Topology
-
-FETCHER_VERSION = f"crawlfleet-fetch/{__version__}"
+from streams.io import Encoder, Output
+from streams.ledger import Pending
 
 
 def redirect_hops(job: dict[str, Any]) -> int:

@@ -23,9 +23,9 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, ParamSpec, TypeVar
 
-from consumers.ledger import StoreChange
-from consumers.state_store import StateStore
 from schemas.topics import partition_for
+from streams.ledger import StoreChange
+from streams.state_store import StateStore
 
 HIGH_BYTE, BULK_BYTE = b"\x00", b"\x01"
 P = ParamSpec("P")

@@ -14,15 +14,15 @@ from typing import Any
 
 from confluent_kafka import Message
 
-from consumers.batch_stage import BatchStage, NotDueError
 from consumers.html import extract
 from consumers.scope import follow
 from crawlfleet.errors import CrawlfleetError, InternalError
 from crawlfleet.urls import dedupe_key, target_of
-from infra.kafka_io import Output, job_key, raw_value, tp_of
-from producers.backpressure import FrontierGate
 from producers.lineage import ENQUEUED, lineage_event
 from producers.replay import REDIRECT_HOPS, without_replay
+from streams.backpressure import FrontierGate
+from streams.batch_stage import BatchStage, NotDueError
+from streams.io import Output, job_key, raw_value, tp_of
 
 log = logging.getLogger("crawlfleet.parse")
 

@@ -36,13 +36,13 @@ from confluent_kafka import (
 )
 
 from consumers import timers
-from consumers.batch_stage import BatchStage
-from consumers.restorer import Restored, Restorer
-from consumers.state_store import META, StateStore
 from crawlfleet.errors import DecodeError
-from infra.kafka_io import Output, offset_of, producer_conf, stable_committed, tp_of
 from producers.lineage import RELEASED, lineage_event
 from schemas.topics import HEADER_SCHEMA, RETRY_DELAYS_S
+from streams.batch_stage import BatchStage
+from streams.io import Output, offset_of, producer_conf, stable_committed, tp_of
+from streams.restorer import Restored, Restorer
+from streams.state_store import META, StateStore
 
 log = logging.getLogger("crawlfleet.retry")
 

@@ -30,14 +30,14 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from consumers.runtime import StatusFile
 from crawlfleet.config import Settings
 from crawlfleet.errors import CrawlfleetError
 from infra.clickhouse import Store
-from infra.kafka_io import topology_of
 from infra.lag import LagProbe
 from infra.live_state import live_entries
+from infra.topics import topology_of
 from schemas.topics import STAGES
+from streams.status import StatusFile
 
 #: The store worker's gauges of work the broker holds (see :meth:`QueueSampler.held_work`).
 HELD_GAUGES = ("live_parked", "live_timers", "unsettled_partitions")

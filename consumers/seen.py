@@ -51,11 +51,11 @@ from rocksdict import (
     WriteOptions,
 )
 
-from consumers.state_store import tail_changelog
 from crawlfleet.config import Settings
 from crawlfleet.errors import DecodeError, InfraError
-from infra.kafka_io import raw_value
 from schemas.codec import Codec, HeadersIn
+from streams.io import raw_value
+from streams.state_store import tail_changelog
 
 log = logging.getLogger("crawlfleet.seen")
 

@@ -37,16 +37,6 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from consumers import faults
-from consumers.membership import Membership
-from consumers.runtime import (
-    WAIT_FIRST_S,
-    WAIT_LOG_EVERY_S,
-    PollGaps,
-    StatusFile,
-    StopFlag,
-    worker_name,
-)
 from consumers.sampler import QueueSampler
 from crawlfleet.config import Settings
 from crawlfleet.errors import DecodeError, InfraError, KafkaStageError
@@ -60,7 +50,10 @@ from infra.clickhouse import (
     StoreHeldError,
     StoreOwnership,
 )
-from infra.kafka_io import (
+from infra.topics import topology_of
+from schemas.codec import default_codec
+from streams import faults
+from streams.io import (
     Encoder,
     Output,
     consume_ready,
@@ -69,10 +62,11 @@ from infra.kafka_io import (
     producer_conf,
     raw_value,
     rewind,
-    topology_of,
     tp_of,
 )
-from schemas.codec import default_codec
+from streams.membership import Membership
+from streams.status import PollGaps, StatusFile
+from streams.worker import WAIT_FIRST_S, WAIT_LOG_EVERY_S, StopFlag, worker_name
 
 log = logging.getLogger("crawlfleet.store")
 

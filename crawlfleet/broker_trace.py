@@ -26,8 +26,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Top
 
 from crawlfleet.config import Settings
 from crawlfleet.errors import DecodeError, InfraError
-from infra.kafka_io import Encoder
 from schemas.topics import Topology
+from streams.io import Encoder
 
 
 @dataclass(frozen=True)

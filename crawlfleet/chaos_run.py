@@ -32,7 +32,6 @@ from pathlib import Path
 
 from rich.console import Console
 
-from consumers.runtime import read_statuses
 from crawlfleet.broker_trace import committed_repeats
 from crawlfleet.chaos_audit import (
     kill_phase,
@@ -72,9 +71,9 @@ from crawlfleet.fault_plan import (
 )
 from crawlfleet.loss_check import check_run
 from infra.demo_site import DemoSite, SiteSpec
-from infra.kafka_io import topology_of
-from infra.topics import create_topics
+from infra.topics import create_topics, topology_of
 from producers.frontier import PublishReport, jobs_from_lines, publish
+from streams.status import read_statuses
 
 #: Stop killing once this share of the expected pages has been requested: the tail of the
 #: crawl then drains without chaos, so "drained" measures recovery, not luck.

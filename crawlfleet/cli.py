@@ -278,7 +278,7 @@ def worker_cmd(stage: Annotated[str, typer.Argument(metavar="STAGE",
     A broker that does not answer yet, or a store held by someone else, is waited for
     (with back-off, saying so in the log and the worker's status), never a reason to exit.
     """
-    from consumers.runtime import StopFlag, worker_name
+    from streams.worker import StopFlag, worker_name
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if stage not in STAGE_NAMES:
         _error(f"unknown stage {stage!r}: " + ", ".join(STAGE_NAMES))
@@ -310,8 +310,9 @@ def _reach_cluster(s: Settings, stop: Any, stage: str, name: str) -> Settings | 
     """``s`` on its cluster (as :func:`_on_cluster`) once a broker answers; None if the
     worker was stopped while waiting. The wait shows in the worker's status file (and its
     metrics, when served) under the worker's own name."""
-    from consumers.runtime import StatusFile, wait_for_kafka
     from crawlfleet.errors import InfraError
+    from streams.status import StatusFile
+    from streams.worker import wait_for_kafka
     waiting = StatusFile(s.status_dir, stage, name)
     if s.metrics_port >= 0:
         waiting.metrics.serve(s, waiting)

@@ -25,17 +25,17 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from consumers.runtime import holds_work, kafka_answers, read_statuses
 from crawlfleet.config import Secret, Settings
 from crawlfleet.errors import InfraError
 from crawlfleet.health import HeldWork, StallWatch, read_held_work, stalls
 from infra import kafka_local
 from infra.clickhouse import run_query
-from infra.kafka_io import topology_of
 from infra.lag import LagProbe
-from infra.topics import adopt_partitions, create_topics, delete_topics
+from infra.topics import adopt_partitions, create_topics, delete_topics, topology_of
 from producers.frontier import PublishReport, jobs_from_lines, publish
 from schemas.topics import Topology
+from streams.status import holds_work, read_statuses
+from streams.worker import kafka_answers
 
 STAGES = ("fetch", "parse", "store", "retry")
 PARTITIONS_PER_WORKER = 4
@@ -173,7 +173,7 @@ def reach_kafka(settings: Settings, timeout_s: float = REACH_TIMEOUT_S) -> Setti
 
     One-shot commands call this first, so an unreachable broker is one clear error with its
     fix, not a minute of librdkafka retrying and a misleading result. Workers wait instead
-    (:func:`consumers.runtime.wait_for_kafka`).
+    (:func:`streams.worker.wait_for_kafka`).
     """
     settings = resolve_bootstrap(settings, start_local=False)
     reason = kafka_answers(settings, timeout_s)

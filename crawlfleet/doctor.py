@@ -289,7 +289,7 @@ def seen_retention_ms(s: Settings) -> int | None:
 
     from crawlfleet.crawl import resolve_bootstrap
     from crawlfleet.errors import InfraError
-    from infra.kafka_io import topology_of
+    from infra.topics import topology_of
 
     s = resolve_bootstrap(s, start_local=False)
     resource = ConfigResource(ConfigResource.Type.TOPIC, topology_of(s).seen)
@@ -317,9 +317,9 @@ def diagnose(s: Settings, window_s: float,
              kafka: bool = True) -> tuple[list[Check], Durations | None]:
     """The checks for ``s`` with the store's durations (none if the store cannot say) and,
     with ``kafka``, the broker's retention of the dedupe state."""
-    from infra.kafka_io import producer_conf
+    from streams.io import producer_conf
     txn_ms = int(producer_conf(s, "doctor", "doctor")["transaction.timeout.ms"])
-    from consumers.runtime import read_statuses
+    from streams.status import read_statuses
     durations: Durations | None
     # What stands still now first: the store query below may wait for a starting worker.
     statuses = read_statuses(s.status_dir)

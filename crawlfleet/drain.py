@@ -14,13 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.runtime import holds_work
 from crawlfleet.config import Settings
 from crawlfleet.crawl import IDLE_S, Fleet
 from crawlfleet.errors import InfraError
 from infra.lag import LagProbe
 from infra.live_state import LiveEntries, live_entries
 from schemas.topics import Topology
+from streams.status import holds_work
 
 
 @dataclass

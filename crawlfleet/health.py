@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.runtime import status_alive
 from crawlfleet.config import Settings
-from infra.kafka_io import topology_of
 from infra.live_state import LiveEntries, live_entries
+from infra.topics import topology_of
+from streams.status import status_alive
 
 #: A stage must look stalled this long before it is shown so (a restarted worker takes a
 #: second or two to write its first status).

@@ -28,17 +28,17 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from consumers.runtime import read_statuses
 from crawlfleet.config import Settings
 from crawlfleet.errors import CrawlfleetError
 from crawlfleet.health import HeldWork, read_held_work, stalls
 from crawlfleet.timefmt import clock_utc
 from infra.clickhouse import run_query
-from infra.kafka_io import topology_of
 from infra.lag import LagProbe
-from producers.control import ControlReader
+from infra.topics import topology_of
 from schemas.codec import default_codec
 from schemas.topics import STAGES
+from streams.control import ControlReader
+from streams.status import read_statuses
 
 SPARKS = "▁▂▃▄▅▆▇█"
 HISTORY = 30

@@ -14,7 +14,15 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from crawlfleet.config import DEFAULT_PARTITIONS, Settings
 from crawlfleet.errors import InfraError
-from infra.kafka_io import topology_of
+from schemas.topics import Topology
+
+
+def topology_of(settings: Settings) -> Topology:
+    """The topology (topic names, partitions, replication) of these settings' crawl."""
+    return Topology(prefix=settings.topic_prefix, partitions=settings.topic_partitions,
+                    replication=settings.replication,
+                    seen_retention_ms=int(settings.seen_ttl_s * 1000))
+
 
 log = logging.getLogger("crawlfleet.topics")
 

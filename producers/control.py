@@ -1,156 +1,19 @@
-"""The fleet's control topic, ``crawl.control``: what people publish, what workers read.
-
-Keys name a setting (``pause:*``, ``pause:target:T``, ``cap:T``); a tombstone removes it, so
-compaction keeps exactly the settings in force. Every fetch worker reads the whole topic (no
-consumer group, from the beginning), so a person's ``crawlfleet pause`` reaches all workers
-within one poll. Fetch workers also report their parked backlog here (``backlog:parked:pN``),
-a figure the frontier bound adds to the frontier's lag.
-"""
+"""Publishing to the fleet's control topic, ``crawl.control``: ``crawlfleet pause``,
+``resume`` and live caps (what workers read: :mod:`streams.control`)."""
 
 from __future__ import annotations
 
 import getpass
-import time
-import uuid
-from dataclasses import dataclass, field
-from typing import Any
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    KafkaException,
     Producer,
-    TopicPartition,
 )
 
 from crawlfleet.config import Settings
-from crawlfleet.errors import DecodeError, KafkaStageError
-from infra.kafka_io import Encoder, consume_ready, producer_conf, raw_value, topology_of
-from schemas.codec import Codec, HeadersIn
-
-GLOBAL_PAUSE = "pause:*"
-#: Keys of the parked backlog a fetch worker reports per frontier partition it owns; the
-#: frontier bound counts parked jobs as not yet fetched.
-BACKLOG_PREFIX = "backlog:parked:"
-
-
-def pause_key(target: str | None) -> str:
-    return GLOBAL_PAUSE if target is None else f"pause:target:{target}"
-
-
-def cap_key(target: str) -> str:
-    return f"cap:{target}"
-
-
-def backlog_key(partition: int) -> str:
-    return f"{BACKLOG_PREFIX}p{partition}"
-
-
-@dataclass
-class ControlState:
-    """The settings in force, folded from control records in topic order: pure logic."""
-
-    paused: bool = False
-    paused_targets: set[str] = field(default_factory=set)
-    caps: dict[str, float] = field(default_factory=dict)
-    backlog: dict[str, int] = field(default_factory=dict)  # parked jobs per partition
-    version: int = 0  # bumped on every change of a setting, so readers can notice cheaply
-
-    @property
-    def parked(self) -> int:
-        return sum(self.backlog.values())
-
-    def apply(self, key: str, value: dict[str, Any] | None) -> None:
-        if key.startswith(BACKLOG_PREFIX):  # a figure, not a setting: no version bump
-            count = value.get("value") if value is not None else None
-            if count:
-                self.backlog[key] = int(count)
-            else:
-                self.backlog.pop(key, None)
-            return
-        self.version += 1
-        if key == GLOBAL_PAUSE:
-            self.paused = value is not None and value.get("kind") == "pause"
-        elif key.startswith("pause:target:"):
-            target = key[len("pause:target:"):]
-            if value is not None and value.get("kind") == "pause":
-                self.paused_targets.add(target)
-            else:
-                self.paused_targets.discard(target)
-        elif key.startswith("cap:"):
-            target = key[len("cap:"):]
-            cap = value.get("value") if value is not None else None
-            if cap is not None and cap > 0:
-                self.caps[target] = float(cap)
-            else:
-                self.caps.pop(target, None)
-
-    def target_paused(self, target: str) -> bool:
-        return self.paused or target in self.paused_targets
-
-
-class ControlReader:
-    """Tails ``crawl.control``; call :meth:`poll` often (it never blocks)."""
-
-    def __init__(self, settings: Settings, topic: str, codec: Codec) -> None:
-        self.state = ControlState()
-        self._codec = codec
-        self._consumer = Consumer({**settings.kafka_common(),
-                                   "group.id": f"crawlfleet-control-{uuid.uuid4().hex}",
-                                   "enable.auto.commit": False,
-                                   "isolation.level": "read_committed"})
-        self._consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-
-    def catch_up(self, timeout_s: float) -> bool:
-        """Read to the end the topic had when called (True), or give up after ``timeout_s``.
-
-        The end is the high watermark: a control record still in an open transaction (a
-        backlog report) holds the reader until that transaction ends, which it does within
-        the transaction timeout.
-        """
-        tp = self._consumer.assignment()[0]
-        deadline = time.monotonic() + timeout_s
-        try:
-            _, end = self._consumer.get_watermark_offsets(tp, timeout=max(0.1, timeout_s))
-        except KafkaException:
-            return False
-        while True:
-            pos = self._consumer.position([tp])[0].offset
-            if end <= 0 or pos >= end:
-                return True
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            self.poll(min(0.2, remaining))
-
-    def poll(self, timeout: float = 0.0) -> bool:
-        """Apply any new control records; True if the state changed."""
-        before = self.state.version
-        for msg in consume_ready(self._consumer, 100, timeout):
-            err = msg.error()
-            if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
-                    continue
-                continue
-            key = msg.key()
-            if key is None:
-                continue
-            self._apply(key.decode() if isinstance(key, bytes) else key, raw_value(msg),
-                        msg.headers())
-        return self.state.version != before
-
-    def _apply(self, key: str, value: bytes | None, headers: HeadersIn) -> None:
-        if value is None:
-            self.state.apply(key, None)
-            return
-        try:
-            self.state.apply(key, self._codec.decode("Control", value, headers))
-        except DecodeError:
-            return  # a control record we cannot read changes nothing
-
-    def close(self) -> None:
-        self._consumer.close()
+from crawlfleet.errors import KafkaStageError
+from infra.topics import topology_of
+from streams.control import cap_key, pause_key
+from streams.io import Encoder, producer_conf
 
 
 def _send(settings: Settings, key: str, value: dict[str, object] | None) -> None:

@@ -18,10 +18,10 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from crawlfleet.config import Settings
 from crawlfleet.errors import ConfigError, CrawlfleetError, InvalidURLError, KafkaStageError
 from crawlfleet.urls import canonicalize, dedupe_key, target_of
-from infra.kafka_io import Encoder, Output, producer_conf, topology_of
-from infra.topics import missing_topics
-from producers.backpressure import FrontierGate
+from infra.topics import missing_topics, topology_of
 from producers.lineage import ENQUEUED, lineage_event
+from streams.backpressure import FrontierGate
+from streams.io import Encoder, Output, producer_conf
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Any
 
 from crawlfleet import __version__
 from crawlfleet.urls import dedupe_key
-from infra.kafka_io import Encoder, Output, job_key
+from streams.io import Encoder, Output, job_key
 
 ENQUEUED, DUPLICATE, PARKED, RELEASED = "enqueued", "duplicate", "parked", "released"
 

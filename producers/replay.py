@@ -30,10 +30,11 @@ from confluent_kafka import KafkaException, Producer
 from crawlfleet.config import Settings
 from crawlfleet.errors import KafkaStageError
 from crawlfleet.urls import dedupe_key
-from infra.kafka_io import Encoder, producer_conf, topology_of
-from producers.backpressure import FrontierGate
+from infra.topics import topology_of
 from producers.frontier import produce_patiently
 from producers.lineage import ENQUEUED, lineage_event
+from streams.backpressure import FrontierGate
+from streams.io import Encoder, producer_conf
 
 #: Job meta key of the replay id (reserved, like :data:`REDIRECT_HOPS`).
 REPLAY_META = "replay_id"

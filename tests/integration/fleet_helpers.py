@@ -28,16 +28,15 @@ from aiohttp import web
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from consumers.runtime import holds_work
 from crawlfleet.config import Settings
 from crawlfleet.crawl import settings_env
 from crawlfleet.errors import CrawlfleetError
 from infra.clickhouse import PORT_FILE, query_owner, run_query
-from infra.kafka_io import topology_of
 from infra.lag import LagProbe
-from infra.topics import create_topics
+from infra.topics import create_topics, topology_of
 from producers.frontier import publish
 from schemas.codec import default_codec
+from streams.status import holds_work
 
 T = TypeVar("T")
 

@@ -30,7 +30,7 @@ from fleet_helpers import (
 from crawlfleet.config import Settings
 from crawlfleet.errors import DecodeError
 from infra.demo_site import free_port
-from infra.kafka_io import topology_of
+from infra.topics import topology_of
 from schemas.codec import default_codec
 from schemas.topics import HEADER_SCHEMA
 

@@ -24,8 +24,7 @@ from fleet_helpers import (
 
 from crawlfleet.config import Settings
 from infra.demo_site import free_port
-from infra.kafka_io import topology_of
-from infra.topics import create_topics
+from infra.topics import create_topics, topology_of
 from producers import control
 from tests.integration.behaviour_site import Behaviour, BehaviourSite
 

@@ -111,9 +111,9 @@ def test_the_escape_hatch_and_dead_letter_commands_as_an_operator_runs_them(
     from datetime import UTC, datetime
 
     from infra.clickhouse import DEAD_COLUMNS
-    from infra.kafka_io import topology_of
-    from producers.control import ControlReader
+    from infra.topics import topology_of
     from schemas.codec import default_codec
+    from streams.control import ControlReader
 
     create_topics(settings)
     env = _env(settings, CRAWLFLEET_TOPIC_PREFIX=settings.topic_prefix)

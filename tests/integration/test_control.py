@@ -89,10 +89,10 @@ def test_jobs_outside_a_crawl_window_wait_and_are_not_dropped(settings: Settings
                                                               site_port: int) -> None:
     from datetime import UTC, datetime, timedelta
 
-    from consumers.runtime import read_statuses
     from crawlfleet.crawl import Fleet
     from infra.topics import create_topics
     from producers.frontier import publish
+    from streams.status import read_statuses
 
     spec = bench_spec(site_port, pages=90, hosts=3, page_bytes=1500)
     closed = spec.hosts[0]
@@ -151,7 +151,7 @@ def test_link_discovery_pauses_when_the_frontier_is_over_its_bound(settings: Set
                                           f"{s.topic_prefix}crawl.frontier.high"],
                                          s.topic_partitions))
                 time.sleep(0.25)
-            from consumers.runtime import read_statuses
+            from streams.status import read_statuses
             holds = sum(st["counters"].get("backpressure_holds", 0)
                         for st in read_statuses(s.status_dir))
         finally:

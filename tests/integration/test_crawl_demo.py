@@ -16,7 +16,7 @@ from crawlfleet.config import Settings
 from crawlfleet.crawl import Plan, run_crawl
 from infra.clickhouse import run_query
 from infra.demo_site import USER_AGENT, DemoSite, demo_spec
-from infra.kafka_io import topology_of
+from infra.topics import topology_of
 from infra.views import expand, load_views
 
 pytestmark = pytest.mark.integration

@@ -29,8 +29,7 @@ from confluent_kafka.admin import AdminClient
 from crawlfleet.config import Settings
 from crawlfleet.errors import InfraError
 from infra.demo_site import DemoSite, SiteSpec, demo_spec
-from infra.kafka_io import topology_of
-from infra.topics import NamespaceTakenError, create_topics, delete_topics
+from infra.topics import NamespaceTakenError, create_topics, delete_topics, topology_of
 
 pytestmark = pytest.mark.integration
 

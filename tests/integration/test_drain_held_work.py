@@ -23,12 +23,13 @@ from fleet_helpers import create_all_topics, publish_seeds, query, store_ready, 
 from rich.console import Console
 
 from consumers.parking import park_key
-from consumers.runtime import holds_work, read_statuses
 from crawlfleet.config import Settings
 from crawlfleet.crawl import Fleet, _watch
 from crawlfleet.top import FleetView, render
-from infra.kafka_io import Encoder, topology_of
+from infra.topics import topology_of
 from producers.frontier import PublishReport, jobs_from_lines
+from streams.io import Encoder
+from streams.status import holds_work, read_statuses
 
 pytestmark = pytest.mark.integration
 

@@ -42,7 +42,7 @@ from fleet_helpers import (
 
 from crawlfleet.config import Settings
 from infra.demo_site import DemoSite, bench_spec, demo_spec, free_port
-from infra.kafka_io import topology_of
+from infra.topics import topology_of
 from schemas.topics import HEADER_SCHEMA, Topology, partition_for
 
 pytestmark = pytest.mark.integration

@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 import pytest
 
-from consumers.runtime import read_statuses
 from crawlfleet.config import Settings
 from crawlfleet.crawl import Fleet
 from infra.demo_site import free_port
 from producers.frontier import publish
 from schemas.topics import partition_for
+from streams.status import read_statuses
 from tests.integration.behaviour_site import Behaviour, BehaviourSite
 from tests.integration.fleet_helpers import query, store_ready, wait_until
 

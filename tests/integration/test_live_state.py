@@ -10,8 +10,8 @@ from confluent_kafka import Producer
 from fleet_helpers import create_all_topics
 
 from crawlfleet.config import Settings
-from infra.kafka_io import topology_of
 from infra.live_state import live_entries
+from infra.topics import topology_of
 
 pytestmark = pytest.mark.integration
 

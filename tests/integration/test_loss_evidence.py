@@ -28,8 +28,8 @@ from crawlfleet.evidence import keep_evidence
 from crawlfleet.exposure import Bound
 from crawlfleet.loss_check import StoreRows, check
 from crawlfleet.urls import canonicalize
-from infra.kafka_io import Encoder, Output, topology_of
-from infra.topics import create_topics
+from infra.topics import create_topics, topology_of
+from streams.io import Encoder, Output
 from tests.integration.fleet_helpers import (
     Workers,
     create_all_topics,

@@ -27,8 +27,8 @@ from fleet_helpers import (
 
 from crawlfleet.config import Settings
 from infra.demo_site import free_port
-from infra.kafka_io import topology_of
 from infra.live_state import live_entries
+from infra.topics import topology_of
 from tests.integration.behaviour_site import Behaviour, BehaviourSite
 
 pytestmark = pytest.mark.integration

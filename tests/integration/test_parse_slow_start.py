@@ -9,12 +9,13 @@ import time
 from confluent_kafka import Producer
 
 from consumers.parse import ParseStage
-from consumers.runtime import StopFlag
-from consumers.slow_start import SlowStart
 from crawlfleet.config import Settings
 from crawlfleet.urls import dedupe_key
-from infra.kafka_io import Encoder, producer_conf, topology_of
+from infra.topics import topology_of
 from producers.frontier import parse_line
+from streams.io import Encoder, producer_conf
+from streams.slow_start import SlowStart
+from streams.worker import StopFlag
 from tests.integration.fleet_helpers import (
     committed_offsets,
     create_all_topics,

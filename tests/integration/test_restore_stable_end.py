@@ -10,10 +10,9 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from consumers.state_store import StateStore
 from crawlfleet.config import Settings
-from infra.kafka_io import topology_of
-from infra.topics import create_topics
+from infra.topics import create_topics, topology_of
+from streams.state_store import StateStore
 
 pytestmark = pytest.mark.integration
 

@@ -17,12 +17,13 @@ import pytest
 from confluent_kafka import Producer
 
 from consumers.retry import RetryStage
-from consumers.runtime import StopFlag
 from consumers.timers import due_of
 from crawlfleet.config import Settings
-from infra.kafka_io import Encoder, job_key, producer_conf, topology_of
+from infra.topics import topology_of
 from producers.frontier import parse_line
 from schemas.topics import Topology, partition_for
+from streams.io import Encoder, job_key, producer_conf
+from streams.worker import StopFlag
 from tests.integration.fleet_helpers import (
     Record,
     Workers,

@@ -20,9 +20,9 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from consumers.seen import DEAD, DONE, RETRYING, SeenStore
 from crawlfleet.config import Settings
 from crawlfleet.urls import dedupe_key
-from infra.kafka_io import Encoder, producer_conf, raw_value, topology_of
-from infra.topics import create_topics
+from infra.topics import create_topics, topology_of
 from schemas.codec import default_codec
+from streams.io import Encoder, producer_conf, raw_value
 
 pytestmark = pytest.mark.integration
 
@@ -171,7 +171,8 @@ _CRASHING_WORKER = textwrap.dedent("""
     import os, sys
     from pathlib import Path
     from confluent_kafka import Producer
-    from infra.kafka_io import Encoder, producer_conf, topology_of
+    from streams.io import Encoder, producer_conf
+    from infra.topics import topology_of
     from consumers.seen import SeenStore
     from crawlfleet.config import load_settings
 

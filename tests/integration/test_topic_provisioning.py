@@ -7,8 +7,7 @@ from confluent_kafka.admin import AdminClient
 
 from crawlfleet.config import Settings
 from crawlfleet.errors import InfraError
-from infra.kafka_io import topology_of
-from infra.topics import adopt_partitions, create_topics, delete_topics
+from infra.topics import adopt_partitions, create_topics, delete_topics, topology_of
 
 
 def _topics(settings: Settings) -> set[str]:

@@ -17,10 +17,10 @@ import pytest
 from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient
 
-from consumers.runtime import read_statuses
 from crawlfleet.config import Settings
 from crawlfleet.crawl import Fleet, Plan, wait_ready
-from infra.kafka_io import topology_of
+from infra.topics import topology_of
+from streams.status import read_statuses
 
 pytestmark = pytest.mark.integration
 

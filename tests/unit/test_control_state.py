@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from producers.control import GLOBAL_PAUSE, ControlState, backlog_key, cap_key, pause_key
+from streams.control import GLOBAL_PAUSE, ControlState, backlog_key, cap_key, pause_key
 
 
 def _backlog(n: int) -> dict[str, object]:

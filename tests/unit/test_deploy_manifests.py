@@ -16,8 +16,8 @@ from yamllint import config as yl_config
 from yamllint import linter
 
 from crawlfleet.config import SECRET_FIELDS, SETTING_DEFAULTS, Settings
-from infra.kafka_io import transaction_timeout_ms
 from schemas.topics import STAGES, Topology
+from streams.io import transaction_timeout_ms
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "infra" / "deploy"

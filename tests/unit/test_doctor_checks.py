@@ -5,7 +5,7 @@ from __future__ import annotations
 from crawlfleet import doctor
 from crawlfleet.config import Settings
 from crawlfleet.doctor import FAIL, NA, OK, WARN, Durations, checks
-from infra.kafka_io import producer_conf
+from streams.io import producer_conf
 
 FAST = Durations(count=100, p50=0.01, p95=0.05, p99=0.1, max=0.2, window_s=3600)
 SLOW = Durations(count=100, p50=4.0, p95=12.0, p99=18.0, max=20.0, window_s=3600)

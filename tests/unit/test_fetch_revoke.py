@@ -18,8 +18,8 @@ from confluent_kafka import TopicPartition
 
 from consumers.fetch import FetchStage, _Session
 from crawlfleet.config import Settings
-from infra.kafka_io import Output
-from producers.control import ControlState
+from streams.control import ControlState
+from streams.io import Output
 
 
 class _Msg:

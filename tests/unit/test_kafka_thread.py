@@ -15,11 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
-from consumers.membership import Membership
-from consumers.runtime import on_kafka_thread
 from crawlfleet.config import Settings
 from crawlfleet.errors import KafkaStageError
-from infra.kafka_io import topology_of
+from infra.topics import topology_of
+from streams.committer import on_kafka_thread
+from streams.membership import Membership
 
 
 def _raise_bare_kafka_error() -> None:

@@ -26,8 +26,19 @@ def test_the_contract_covers_every_package_top_to_bottom() -> None:
     packages = set(conf["root_packages"])
     assert {m.split(".")[0] for m in layers} == packages  # no package left unconstrained
     assert layers[0] == "crawlfleet.cli" and layers[-1] == "crawlfleet.errors"
-    assert layers.index("consumers") < layers.index("producers") < layers.index("infra") \
-        < layers.index("schemas")
+    assert layers.index("consumers") < layers.index("producers") < layers.index("streams") \
+        < layers.index("infra") < layers.index("schemas")
+
+
+def test_the_stream_runtime_lives_in_streams() -> None:
+    """The runtime's modules are in ``streams/``, none left in the stages' package."""
+    runtime = {"io", "committer", "batch_stage", "membership", "offsets", "ledger",
+               "state_store", "restorer", "slow_start", "control", "backpressure", "worker",
+               "status", "metrics", "faults"}
+    assert runtime <= {p.stem for p in (ROOT / "streams").glob("*.py")}
+    left = runtime & {p.stem for d in ("consumers", "producers", "infra")
+                      for p in (ROOT / d).glob("*.py")}
+    assert left == {"control"}, left  # producers/control.py: what people publish to it
 
 
 def test_test_modules_have_unique_names() -> None:

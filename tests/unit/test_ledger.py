@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from consumers.ledger import Ledger, Pending
-from infra.kafka_io import Output
+from streams.io import Output
+from streams.ledger import Ledger, Pending
 
 TP = ("crawl.frontier", 0)
 HIGH = ("crawl.frontier.high", 0)

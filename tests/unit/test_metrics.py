@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from consumers.metrics import WorkerMetrics, status_class
-from consumers.runtime import StatusFile
 from crawlfleet.config import load_settings
 from crawlfleet.errors import ConfigError
+from streams.metrics import WorkerMetrics, status_class
+from streams.status import StatusFile
 
 
 def _scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:

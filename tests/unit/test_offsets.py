@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from consumers.offsets import OffsetTracker
+from streams.offsets import OffsetTracker
 
 
 def test_nothing_seen() -> None:

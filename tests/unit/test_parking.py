@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from consumers.parking import ParkedQueues, park_key, share_of, target_of_key
-from consumers.state_store import StateStore
 from schemas.topics import partition_for
+from streams.state_store import StateStore
 
 PARTS = 4
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from consumers.runtime import PollGaps, StatusFile
+from streams.status import PollGaps, StatusFile
 
 
 def test_the_gauge_is_the_longest_gap_of_the_last_window_or_two(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from crawlfleet.config import Settings
 from crawlfleet.crawl import Plan, _settled
-from infra.kafka_io import topology_of
+from infra.topics import topology_of
 
 
 class _Proc:

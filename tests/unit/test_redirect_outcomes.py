@@ -8,12 +8,13 @@ from typing import Any
 import pytest
 
 from consumers.http_fetch import Response
-from consumers.ledger import Pending
 from consumers.outcomes import OutcomeRules
 from crawlfleet.config import load_settings
 from crawlfleet.urls import dedupe_key
-from infra.kafka_io import Encoder, Output, topology_of
+from infra.topics import topology_of
 from producers.replay import REDIRECT_HOPS, REPLAY_META
+from streams.io import Encoder, Output
+from streams.ledger import Pending
 
 URL = "http://a.test/start"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from confluent_kafka import TopicPartition
 
 from consumers.seen import SeenStore
-from consumers.state_store import StateStore
+from streams.state_store import StateStore
 
 
 class _Watermarks:

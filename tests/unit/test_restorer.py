@@ -8,9 +8,9 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from consumers.membership import Membership
-from consumers.restorer import Restored, Restorer
 from schemas.topics import Topology
+from streams.membership import Membership
+from streams.restorer import Restored, Restorer
 
 
 def _wait(restorer: Restorer, now: float | None = None, timeout: float = 5.0) -> list[Restored]:

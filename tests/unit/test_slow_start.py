@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from consumers.slow_start import SlowStart
+from streams.slow_start import SlowStart
 
 
 def test_cap_starts_at_the_floor_and_doubles_with_each_commit() -> None:

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from consumers import timers
-from consumers.state_store import META
 from consumers.timers import BrokerClock
+from streams.state_store import META
 
 
 def test_keys_sort_by_due_time_then_tier_then_offset() -> None:

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from consumers.runtime import CallWatch, TxnAbortedError, TxnCommitter
 from crawlfleet.errors import KafkaStageError
-from infra.kafka_io import Output
+from streams.committer import CallWatch, TxnAbortedError, TxnCommitter
+from streams.io import Output
 
 
 class _Clock:
@@ -155,7 +155,7 @@ def test_a_call_past_its_timeout_gets_metadata_refreshes(monkeypatch: pytest.Mon
 def test_a_call_that_never_returns_ends_the_worker_for_its_supervisor(tmp_path: Path) -> None:
     script = (
         "import time\n"
-        "from consumers.runtime import CallWatch\n"
+        "from streams.committer import CallWatch\n"
         "class P:\n"
         "    def list_topics(self, timeout): pass\n"
         "CallWatch.NUDGE_EVERY_S = 0.05\n"

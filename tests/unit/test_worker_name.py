@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from consumers.runtime import release_worker_name, worker_name
+from streams.worker import release_worker_name, worker_name
 
 HOST = socket.gethostname()
 
@@ -36,7 +36,7 @@ def test_live_workers_get_distinct_slots_and_a_freed_slot_is_reused(tmp_path: Pa
 def test_a_dead_process_releases_its_slot(tmp_path: Path) -> None:
     code = (
         "import sys, time; from pathlib import Path; "
-        "from consumers.runtime import worker_name; "
+        "from streams.worker import worker_name; "
         "print(worker_name('store', None, Path(sys.argv[1])), flush=True); time.sleep(60)"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}

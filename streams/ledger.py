@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.offsets import OffsetTracker
-from infra.kafka_io import Output
+from streams.io import Output
+from streams.offsets import OffsetTracker
 
 TP = tuple[str, int]
 #: (partition, dedupe key) → (seen state, attempt)

@@ -6,7 +6,7 @@ Off by default (``metrics_port`` = -1): recording is then one attribute test and
 - recorded where they happen, with low-cardinality labels only (never a target or a URL):
   fetch requests by ``outcome`` and ``status_class``, their durations, dead letters by
   ``reason`` (the failure class), restore durations;
-- read from the worker's :class:`~consumers.runtime.StatusFile` at scrape time: its gauges
+- read from the worker's :class:`~streams.status.StatusFile` at scrape time: its gauges
   (in flight, queued, parked, deferred targets, restoring ...) and counters (transactions
   committed and aborted, partitions assigned, revoked and lost, restores ...), so the hot
   paths count each thing once, in the status.
@@ -21,9 +21,9 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from crawlfleet import __version__
 from crawlfleet.config import Settings
 from crawlfleet.errors import ConfigError
+from crawlfleet.versions import version_labels
 
 log = logging.getLogger("crawlfleet.metrics")
 
@@ -107,14 +107,6 @@ def status_class(status: int) -> str:
     return f"{status // 100}xx" if 100 <= status <= 599 else "none"
 
 
-def version_labels(settings: Settings) -> dict[str, str]:
-    """The worker's version tuple, as telemetry reports it."""
-    from consumers.http_fetch import HTTP_LIB_VERSION, TLS_LIB_VERSION
-    from consumers.outcomes import FETCHER_VERSION
-    return {"version": __version__, "fetcher_version": FETCHER_VERSION,
-            "http_version": HTTP_LIB_VERSION, "tls_version": TLS_LIB_VERSION,
-            "profile_bundle_version": settings.profile_bundle_version,
-            "code_revision": settings.code_revision}
 
 
 class WorkerMetrics:

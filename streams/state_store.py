@@ -36,8 +36,8 @@ from rocksdict import DBCompressionType, Options, Rdict, WriteBatch, WriteOption
 
 from crawlfleet.config import Settings
 from crawlfleet.errors import InfraError
-from infra.kafka_io import consume_ready, tp_of
 from infra.live_state import high_watermarks
+from streams.io import consume_ready, tp_of
 
 log = logging.getLogger("crawlfleet.state")
 

@@ -1,7 +1,7 @@
 """How a stage holds its partitions: incremental (cooperative) assignment, co-partitioned topics.
 
 Every stage's consumer is a static member with the ``cooperative-sticky`` assignor
-(:func:`infra.kafka_io.consumer_conf`), so a rebalance hands each member only the partitions
+(:func:`streams.io.consumer_conf`), so a rebalance hands each member only the partitions
 that move. A stage whose inputs must share an owner per partition number subscribes to its
 lead topic only (:meth:`schemas.topics.Topology.subscription`); :class:`Membership` adds the
 followers' same-numbered partitions to every assignment and revocation, so the stage's

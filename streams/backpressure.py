@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 
 from crawlfleet.config import Settings
-from infra.kafka_io import topology_of
 from infra.lag import LagProbe
-from producers.control import ControlReader
+from infra.topics import topology_of
 from schemas.codec import default_codec
+from streams.control import ControlReader
 
 
 class FrontierGate:

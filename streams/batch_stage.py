@@ -13,20 +13,11 @@ from typing import ClassVar
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from consumers.membership import Membership
-from consumers.runtime import (
-    FencedError,
-    PollGaps,
-    StatusFile,
-    StopFlag,
-    TxnCommitter,
-    wait_for_kafka,
-    worker_name,
-)
-from consumers.slow_start import SlowStart
 from crawlfleet.config import Settings
 from crawlfleet.errors import DecodeError, FatalError, KafkaStageError
-from infra.kafka_io import (
+from infra.topics import topology_of
+from streams.committer import FencedError, TxnCommitter
+from streams.io import (
     Encoder,
     Output,
     consume_ready,
@@ -34,9 +25,12 @@ from infra.kafka_io import (
     offset_of,
     raw_value,
     rewind,
-    topology_of,
     tp_of,
 )
+from streams.membership import Membership
+from streams.slow_start import SlowStart
+from streams.status import PollGaps, StatusFile
+from streams.worker import StopFlag, wait_for_kafka, worker_name
 
 log = logging.getLogger("crawlfleet.stage")
 #: A session that failed waits this long before the next one joins (within the session

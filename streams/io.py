@@ -31,10 +31,6 @@ class Output:
     headers: Headers
 
 
-def topology_of(settings: Settings) -> Topology:
-    return Topology(prefix=settings.topic_prefix, partitions=settings.topic_partitions,
-                    replication=settings.replication,
-                    seen_retention_ms=int(settings.seen_ttl_s * 1000))
 
 
 #: Heartbeats (classic protocol) are how a member learns a rebalance has begun: each of the
