@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from schemas.topics import Topology
 
@@ -95,3 +96,22 @@ class Membership:
                 tell(full, gained=False)
 
         consumer.subscribe(self.topics, on_assign=assigned, on_revoke=revoked, on_lost=lost)
+
+
+def group_share(admin: AdminClient, group: str, worker: str) -> tuple[int, int, int] | None:
+    """(members, partitions ``worker`` holds, partitions all hold) of ``group``'s live
+    membership: a worker's share of a fleet-wide cap. None while the group rebalances."""
+    try:
+        desc = admin.describe_consumer_groups([group])[group].result(timeout=2)
+    except (KafkaException, TimeoutError):
+        return None
+    if not desc.members:
+        return None
+    mine = total = 0
+    for m in desc.members:
+        parts = {tp.partition for tp in (m.assignment.topic_partitions
+                                         if m.assignment else [])}
+        total += len(parts)
+        if m.client_id == worker:
+            mine = len(parts)
+    return len(desc.members), mine, total

@@ -117,7 +117,7 @@ def test_a_revoke_inside_consume_commits_no_offset_past_an_unadmitted_record(
         # The partition is ours from its committed offset 10: nothing consumed yet.
         session.ledger.assign([(topic, 0)], {(topic, 0): 10})
         msgs = session._poll(0.0)  # poll() returns offset 10, the revoke runs in consume()
-        session._admit(msgs)  # too late: the partition is gone, the record is dropped
+        session.intake.admit(msgs)  # too late: the partition is gone, the record is dropped
         await asyncio.sleep(0)
         session.seen.close()
         session.parked.store.close()

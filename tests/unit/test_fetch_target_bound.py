@@ -107,12 +107,12 @@ def test_a_batch_of_new_targets_never_overshoots_the_bound(
 
     async def body(session: _Session) -> dict[str, int]:
         # 300 new targets in one batch, none idle: a hundred get state, the rest wait on disk
-        session._admit(jobs.msgs(session, range(300)))
+        session.intake.admit(jobs.msgs(session, range(300)))
         assert session.policy.memory_counts()["target_slots"] == BOUND
         assert session.status.counters.get("parked") == 200
         # once those are idle, a new batch makes room by forgetting the longest idle
         _release_all(session)
-        session._admit(jobs.msgs(session, range(300, 350)))
+        session.intake.admit(jobs.msgs(session, range(300, 350)))
         counts = session.policy.memory_counts()
         assert session.status.counters.get("parked") == 200  # all 50 found room
         assert session.status.counters.get("targets_forgotten", 0) >= 50
@@ -131,17 +131,17 @@ def test_degraded_targets_forgotten_early_keep_their_health_within_the_bound(
 
     async def body(session: _Session) -> tuple[dict[str, int], object, object]:
         for start in range(0, 400, 50):  # 400 targets, every other one degraded by an error
-            session._admit(jobs.msgs(session, range(start, start + 50)))
+            session.intake.admit(jobs.msgs(session, range(start, start + 50)))
             for target in _release_all(session):
                 if int(target[1:].split(".")[0]) % 2 == 0:
-                    session._observe(target, error)
+                    session.dispatch.observe(target, error)
             counts = session.policy.memory_counts()
             assert counts["target_health"] <= BOUND, counts
         # forgotten early, so resting aside; seen again, it gets its slowdown back
         again = next(reversed(session.policy.resting_health))  # the newest resting
         kept = session.policy.resting_health[again][1]
         assert again not in session.sched and again not in session.policy.health
-        session._admit([_job(session, jobs.offset, f"http://{again}/again", again)])
+        session.intake.admit([_job(session, jobs.offset, f"http://{again}/again", again)])
         return session.policy.memory_counts(), kept, session.policy.health.get(again)
 
     counts, kept, back = _session_run(tmp_path, body)
@@ -165,13 +165,13 @@ def test_an_unreachable_robots_txt_rests_a_target_only_while_it_has_work(
         rests = []
         # a target with one job, then one with two (one queued behind the first)
         for offset, target, paths in ((0, "alone.test", ["/"]), (1, "busy.test", ["/", "/2"])):
-            session._admit([_job(session, offset + n, f"http://{target}{p}", target)
+            session.intake.admit([_job(session, offset + n, f"http://{target}{p}", target)
                             for n, p in enumerate(paths)])
             await session.robots.rules_for(f"http://{target}/", target)  # unreachable now
             ((released, pj),) = session.sched.pop_ready(time.monotonic(), 10)
             assert released == target
-            session.running += 1
-            await session._fetch(pj)  # robots_unreachable: dead-lettered (one attempt)
+            session.dispatch.running += 1
+            await session.dispatch.fetch(pj)  # robots_unreachable: dead-lettered (one attempt)
             rests.append(session.sched.deferred_for(target, time.monotonic()))
         return rests[0], rests[1], robots.asked
 

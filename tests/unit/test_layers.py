@@ -48,3 +48,14 @@ def test_test_modules_have_unique_names() -> None:
     unit = {p.name for p in (tests / "unit").glob("test_*.py")}
     integration = {p.name for p in (tests / "integration").glob("test_*.py")}
     assert not unit & integration
+
+
+def test_the_fetch_session_is_wiring_only() -> None:
+    """Issue 18: fetch's ``_Session`` keeps the Kafka wiring (300 lines at most); intake,
+    dispatch, the state stores and the per-target policy are objects of their own."""
+    lines = (ROOT / "consumers" / "fetch.py").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("class _Session"))
+    end = next((i for i in range(start + 1, len(lines))
+                if lines[i] and not lines[i][0].isspace() and not lines[i].startswith("#")),
+               len(lines))
+    assert end - start <= 300, end - start

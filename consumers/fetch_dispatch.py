@@ -1,0 +1,217 @@
+"""A fetch worker's dispatch: which queued job goes now, and one job's request.
+
+Ready jobs are started within the worker's in-flight limit and the fleet-wide pace; a job
+outside its target's crawl window waits, one known to be disallowed by robots.txt is
+dead-lettered without spending the target's slot. One job asks robots.txt first (through
+the cache), then makes its request; the answer becomes records (:class:`OutcomeRules`)
+and a signal the target's policy reads (rests, slowdowns, shedding to disk).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from datetime import UTC, datetime
+
+from consumers.classify import Signal
+from consumers.fetch_intake import Intake
+from consumers.http_fetch import Fetcher
+from consumers.outcomes import OutcomeRules, Result
+from consumers.pacer import Pacer
+from consumers.parking import ParkedQueues
+from consumers.robots import UNREACHABLE_RETRY_S
+from consumers.robots_cache import RobotsCache
+from consumers.scheduler import TargetScheduler
+from consumers.target_policy import TargetPolicy
+from crawlfleet.config import Settings
+from crawlfleet.errors import CrawlfleetError, RobotsDisallowedError
+from schemas.topics import Topology
+from streams.control import ControlState
+from streams.ledger import Ledger, Pending
+from streams.status import StatusFile
+
+log = logging.getLogger("crawlfleet.fetch")
+
+
+class Dispatcher:
+    """Starts fetches and runs each one. ``paused``: a person paused the fleet (finish
+    what is in flight, start nothing); ``running``: requests in flight."""
+
+    fetcher: Fetcher
+
+    def __init__(self, s: Settings, topo: Topology, sched: TargetScheduler[Pending],
+                 policy: TargetPolicy, robots: RobotsCache, rules: OutcomeRules,
+                 ledger: Ledger, parked: ParkedQueues, intake: Intake, pacer: Pacer,
+                 status: StatusFile, wake: asyncio.Event) -> None:
+        self.s, self.topo, self.sched, self.policy = s, topo, sched, policy
+        self.robots, self.rules, self.ledger, self.parked = robots, rules, ledger, parked
+        self.intake, self.pacer, self.status, self.wake = intake, pacer, status, wake
+        self.running = 0
+        self.paused = False
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def dispatch_loop(self) -> None:
+        while True:
+            now = time.monotonic()
+            self.intake.refill_due(now)
+            free = self.s.max_inflight - self.running
+            if self.paused:
+                free = 0  # a person paused the fleet: finish what is in flight, start nothing
+            free = self.pacer.available(now, free)
+            if free > 0:
+                started = 0
+                for target, pj in self.sched.pop_ready(now, free):
+                    if not self.ledger.current(pj.tp, pj.epoch):
+                        self.ledger.release(pj)
+                        self.sched.done(target, now)
+                        continue  # partition moved away: the new owner redoes it
+                    if target in self.policy.windows and self._outside_window(target, pj, now):
+                        self.sched.done(target, now)
+                        continue
+                    if self._disallowed_now(target, pj, now):
+                        self.sched.done(target, now)
+                        continue
+                    self.running += 1
+                    started += 1
+                    task = asyncio.create_task(self.fetch(pj))
+                    self.tasks.add(task)
+                    task.add_done_callback(self.tasks.discard)
+                self.pacer.take(now, started)
+            due, wake = self.sched.next_due(), self.policy.next_wake()
+            if wake is not None:
+                due = wake if due is None else min(due, wake)
+            paced = self.pacer.next_at()
+            if due is not None and paced is not None:
+                due = max(due, paced)
+            timeout = None if due is None or self.running >= self.s.max_inflight \
+                or self.paused else max(0.0, due - time.monotonic())
+            self.wake.clear()
+            # asyncio.timeout, not wait_for: this runs once per finished request, and
+            # wait_for wraps every wait in a new Task.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self.wake.wait()
+
+    def _disallowed_now(self, target: str, pj: Pending, now: float) -> bool:
+        """Known robots-disallowed: dead-letter it without spending the target's slot."""
+        rules = self.robots.known(pj.job["url"])
+        if rules is None or rules.unreachable:
+            return False
+        if rules.allows(pj.job["url"], self.s.robots_agent):
+            pj.allowed_by = rules  # _fetch need not ask protego again
+            return False
+        self.sched.refund(target, now)
+        res = self.rules.dead(pj, "robots_disallowed", f"robots.txt disallows {pj.job['url']}",
+                              0, now)
+        self.status.metrics.dead_letter(res.reason)
+        self.intake.finish(pj, res.outputs, res.seen)
+        self.intake.refill(target)
+        return True
+
+    def _outside_window(self, target: str, pj: Pending, now: float) -> bool:
+        """Outside the target's crawl window the job waits (queued or parked), never dropped."""
+        wait = self.policy.window_wait(target, datetime.now(UTC))
+        if wait <= 0:
+            return False
+        self.sched.push_front(target, pj, now, tier=pj.tier)
+        self.status.add("outside_window")
+        self.defer(target, wait, now)
+        return True
+
+    async def fetch(self, pj: Pending) -> None:
+        job, target = pj.job, pj.target
+        started = time.monotonic()
+        result: Result | None = None
+        answered = -1  # no page request sent; 0: sent, no answer; else the answer's status
+        try:
+            rules = await self.robots.rules_for(job["url"], target)
+            if rules is None:  # this slot was spent on robots.txt: go again later
+                now = time.monotonic()
+                self.sched.push_front(target, pj, now, tier=pj.tier)
+                # A full interval after the answer, not after the release: the robots.txt
+                # request may have left late (a burst of new targets), and the site counts
+                # the gap between the requests it saw.
+                self.sched.defer(target, now + self.policy.interval(target))
+                return
+            if rules.unreachable:
+                result = self.rules.retry_or_dead(pj, "robots_unreachable",
+                                                  UNREACHABLE_RETRY_S, 0, started)
+                if self.sched.queued(target) or any(  # parked: committed or not
+                        self.parked.must_park(target, tier) for tier in (0, 1)):
+                    # Its other jobs wait out the retry time. A target with none left
+                    # rests no slot: its cached rules answer a next job until then, so
+                    # it can be forgotten like any idle target (a minted host, say).
+                    self.defer(target, UNREACHABLE_RETRY_S, time.monotonic())
+            elif rules is not pj.allowed_by and not rules.allows(job["url"],
+                                                                  self.s.robots_agent):
+                raise RobotsDisallowedError(f"robots.txt disallows {job['url']}")
+            else:
+                answered = 0
+                resp = await self.fetcher.get(job["url"])
+                answered = resp.status
+                result = self.rules.response(pj, resp, started)
+        except CrawlfleetError as exc:
+            result = self.rules.error(pj, exc, started)
+        except Exception as exc:  # a bug must not leave the job unfinished, pinning offsets
+            log.exception("fetch of %s failed unexpectedly", job["url"])
+            result = self.rules.dead(pj, "internal", f"{type(exc).__name__}: {exc}", 0,
+                                     started)
+        finally:
+            self.running -= 1
+            self.sched.done(target, time.monotonic())
+            self.wake.set()
+        if result is None:
+            return
+        self.observe(target, result)
+        if answered >= 0:
+            self.status.metrics.request(result.outcome, answered, time.monotonic() - started)
+        if result.outputs and result.outputs[0].topic == self.topo.fetched:
+            self.status.add("fetched")
+        elif result.seen[0] == "RETRYING":
+            self.status.add("retries")
+        else:
+            self.status.add("dead")
+            self.status.metrics.dead_letter(result.reason)
+        self.intake.finish(pj, result.outputs, result.seen)
+        self.intake.refill(target)
+
+    def observe(self, target: str, result: Result) -> None:
+        """Feed a request's signal to the target's policy; do the rest and shedding it asks."""
+        now = time.monotonic()
+        seen = self.policy.observe(target, result.signal, result.retry_after_s, now)
+        if result.signal not in (Signal.OK, Signal.NEUTRAL):
+            self.status.add(f"signal_{result.signal.value}")
+        if seen.shed_to is not None:
+            self.intake.shed(target, seen.shed_to)
+        if seen.wait > 0:
+            self.defer(target, seen.wait, now)
+
+    def defer(self, target: str, wait: float, now: float) -> None:
+        """No request to ``target`` for ``wait`` s; a long rest sends its queue to disk."""
+        self.status.add("deferrals")
+        if self.policy.defer(target, wait, now):
+            self.intake.shed(target, 0)
+
+    def drop_stale(self) -> None:
+        """Forget queued jobs of partitions this worker no longer owns."""
+        def keep(pj: Pending) -> bool:
+            if self.ledger.current(pj.tp, pj.epoch):
+                return True
+            self.ledger.release(pj)
+            return False
+        self.sched.drop(keep)
+        self.ledger.drop_holders(self.ledger.current)
+        self.wake.set()
+
+    def apply_control(self, state: ControlState) -> None:
+        """Loop thread: re-derive target holds and intervals from the control state."""
+        now = time.monotonic()
+        for target in self.sched.targets():
+            if state.target_paused(target):
+                self.sched.hold(target)
+            else:
+                self.sched.release(target, now)
+            self.sched.set_interval(target, self.policy.interval(target))
+        self.wake.set()
