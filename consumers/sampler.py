@@ -36,7 +36,7 @@ from infra.clickhouse import Store
 from infra.lag import LagProbe
 from infra.live_state import live_entries
 from infra.topics import topology_of
-from schemas.topics import STAGES
+from schemas.topics import stages
 from streams.status import StatusFile
 
 #: The store worker's gauges of work the broker holds (see :meth:`QueueSampler.held_work`).
@@ -137,7 +137,7 @@ class QueueSampler:
 
     def sample(self) -> list[Sample]:
         out: list[Sample] = []
-        for stage in STAGES:
+        for stage in stages():
             group = self.topo.group(stage)
             positions = self._probe.positions(group, self.topo.inputs(stage),
                                               self.topo.partitions)

@@ -133,6 +133,8 @@ class ChaosReport:
     #: the busiest host's most requests in any 1-s window (the site's own log), and the host
     peak_host_requests: int = 0
     peak_host: str = ""
+    #: topics of stages declared with ``register_stage``: (committed records, repeated keys)
+    declared_outputs: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     # --- the verdict ----------------------------------------------------------------------
 
@@ -166,7 +168,7 @@ class ChaosReport:
     def ok(self) -> bool:
         """Drained (by the broker too), nothing lost, nothing duplicated, nothing invented."""
         return self.drained and self.verdict.ok and self.committed_duplicates == 0 \
-            and self.broker.empty
+            and self.broker.empty and not any(r for _, r in self.declared_outputs.values())
 
     @property
     def kills_by_stage(self) -> dict[str, int]:
@@ -243,6 +245,8 @@ def print_report(report: ChaosReport, console: Console) -> None:
         ("  rows beyond one per URL in FINAL", str(v.duplicates)),
         ("  committed repeats in crawl.parsed",
          f"{report.committed_duplicates} of {report.parsed_records} records"),
+        *((f"  committed repeats in {t} (declared)", _mark(r == 0, f"{r} of {n} records"))
+          for t, (n, r) in report.declared_outputs.items()),
         ("stored but unreachable / never requested",
          _mark(not v.unreachable_stored and not v.stored_unrequested,
                f"{len(v.unreachable_stored)} / {len(v.stored_unrequested)}")),

@@ -73,6 +73,7 @@ from crawlfleet.loss_check import check_run
 from infra.demo_site import DemoSite, SiteSpec
 from infra.topics import create_topics, topology_of
 from producers.frontier import PublishReport, jobs_from_lines, publish
+from schemas.topics import declared_modules, declared_topics
 from streams.status import read_statuses
 
 #: Stop killing once this share of the expected pages has been requested: the tail of the
@@ -125,7 +126,8 @@ def round_settings(bootstrap: str, data_dir: Path, prefix: str, spec: RoundSpec,
     settings = Settings(
         bootstrap_servers=bootstrap, data_dir=data_dir, topic_prefix=prefix,
         partitions=spec.partitions, replication=3 if spec.nodes == 3 else 1,
-        allow_private=True, scope="seeds", rate_cap=spec.rate_cap)
+        allow_private=True, scope="seeds", rate_cap=spec.rate_cap,
+        stage_modules=declared_modules())  # stages declared in this process run too
     targets = tuple(sorted({j["target"] for j in jobs_from_lines(seeds, settings,
                                                                  PublishReport())}))
     return settings.replace(allowed_targets=targets)
@@ -365,6 +367,10 @@ class ChaosRound:
         verdict = check_run(self.site_spec, self.site, self.s)
         parsed_records, repeats = committed_repeats(self.s, self.topo.parsed,
                                                     self.topo.partitions)
+        # Declared stages' outputs are held to the same rule: one committed record per key.
+        declared = {d.name: committed_repeats(self.s, self.topo.prefix + d.name,
+                                              self.topo.partitions)
+                    for d in declared_topics()}
         counts, _ = self.site.snapshot()
         robots = sum(n for u, n in counts.items() if u.endswith("/robots.txt"))
         timed = timed_page_requests(self.site, self.site_spec.port)
@@ -392,7 +398,7 @@ class ChaosRound:
             seconds=round(time.monotonic() - self.began, 1), crawl_seconds=round(crawl_s, 1),
             drain_seconds=round(drain_s, 1), drained=drained, notes=self.notes,
             kill_phase=phase, repeats_by_fault=repeats_by_fault(timed, self._fault_times()),
-            peak_host=peak[0], peak_host_requests=peak[1])
+            peak_host=peak[0], peak_host_requests=peak[1], declared_outputs=declared)
 
     def _fault_times(self) -> list[tuple[float, str]]:
         """Every fault sent, (monotonic time, label), to put repeated requests down to."""

@@ -254,8 +254,9 @@ def _print_bad_lines(report: Any) -> None:
 
 
 @command("worker")
-def worker_cmd(stage: Annotated[str, typer.Argument(metavar="STAGE",
-                                                    help="fetch | parse | store | retry")],
+def worker_cmd(stage: Annotated[str, typer.Argument(
+                   metavar="STAGE",
+                   help="fetch | parse | store | retry, or a stage of stage_modules")],
                config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
                clickhouse: ClickhouseOpt = None, data_dir: DataDirOpt = None,
                topic_prefix: PrefixOpt = None,
@@ -280,14 +281,15 @@ def worker_cmd(stage: Annotated[str, typer.Argument(metavar="STAGE",
     """
     from streams.worker import StopFlag, worker_name
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    if stage not in STAGE_NAMES:
-        _error(f"unknown stage {stage!r}: " + ", ".join(STAGE_NAMES))
-        raise typer.Exit(2)
+    from schemas.topics import stages
     try:
         s = _settings(config, bootstrap=bootstrap, clickhouse=clickhouse,
                       data_dir=data_dir, topic_prefix=topic_prefix,
                       allow_private=allow_private, allow_hosts=allow_hosts,
                       rate_cap=rate_cap, metrics_port=metrics_port)
+        if stage not in stages():  # after the settings: their stage_modules declare more
+            _error(f"unknown stage {stage!r}: " + ", ".join(stages()))
+            raise typer.Exit(2)
         stop = StopFlag().install()
         name = worker_name(stage, worker_id, s.data_dir / "workers")
         reached = _reach_cluster(s, stop, stage, name)
@@ -301,9 +303,6 @@ def worker_cmd(stage: Annotated[str, typer.Argument(metavar="STAGE",
         runner.run()
     except CrawlfleetError as exc:
         _fail(exc)
-
-
-STAGE_NAMES = ("fetch", "parse", "store", "retry")
 
 
 def _reach_cluster(s: Settings, stop: Any, stage: str, name: str) -> Settings | None:
@@ -340,20 +339,12 @@ def _tune_gc() -> None:
 
 
 def _stage(stage: str, s: Settings, worker_id: str | None, stop: Any) -> Any:
-    if stage == "fetch":
-        from consumers.fetch import FetchStage
-        return FetchStage(s, worker_id, stop)
-    if stage == "parse":
-        from consumers.parse import ParseStage
-        return ParseStage(s, worker_id, stop)
-    if stage == "store":
-        from consumers.store import StoreStage
-        return StoreStage(s, worker_id, stop)
-    if stage == "retry":
-        from consumers.retry import RetryStage
-        return RetryStage(s, worker_id, stop)
-    _error(f"unknown stage {stage!r}: fetch, parse, store, retry")
-    raise typer.Exit(2)
+    """The worker of ``stage``: the class its topology declaration names (``entry``)."""
+    import importlib
+
+    from schemas.topics import stage_spec
+    module, _, cls = stage_spec(stage).entry.partition(":")
+    return getattr(importlib.import_module(module), cls)(s, worker_id, stop)
 
 
 # --- crawl ---------------------------------------------------------------------------------

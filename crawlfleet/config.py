@@ -151,6 +151,9 @@ class Settings:
     #: ``allowed_targets``, which ``crawl`` fills with the seeds' targets) or ``any``.
     scope: str = "same-target"
     allowed_targets: tuple[str, ...] = ()
+    #: Modules that declare stages of your own (``schemas.topics.register_stage``), imported
+    #: by every process that loads these settings, so each worker knows the whole pipeline.
+    stage_modules: tuple[str, ...] = ()
     #: Maximum link depth from a seed (0 = seeds only); negative means unlimited.
     max_depth: int = -1
     #: Attempts before a retryable failure is dead-lettered.
@@ -301,6 +304,9 @@ def _problems(s: Settings) -> list[str]:
         out.append(f"block_statuses must be 4xx/5xx statuses, not {bad}")
     if s.max_redirects < 0:
         out.append("max_redirects must be >= 0")
+    for module in s.stage_modules:
+        if not _MODULE_RE.fullmatch(module):
+            out.append(f"stage_modules entry {module!r} is not a dotted module name")
     for entry in s.allow_hosts:
         if not _host_or_network(entry):
             out.append(f"allow_hosts entry {entry!r} is not a host name, IP address or "
@@ -312,6 +318,20 @@ def _problems(s: Settings) -> list[str]:
     if not s.user_agent.strip():
         out.append("user_agent must not be empty")
     return out
+
+
+_MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def load_stage_modules(s: Settings) -> None:
+    """Import the modules that declare the user's own stages (``stage_modules``)."""
+    import importlib
+    for module in s.stage_modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # any failure of user code is a config error
+            raise ConfigError(f"stage_modules: cannot import {module!r}: "
+                              f"{type(exc).__name__}: {exc}") from exc
 
 
 def _host_or_network(entry: str) -> bool:
@@ -432,7 +452,9 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     if unknown:
         raise ConfigError("unknown setting(s): " + "; ".join(
             _suggest(k, sorted(names)) for k in sorted(unknown)))
-    return Settings(**{k: _coerce_field(k, v, sources.get(k)) for k, v in values.items()})
+    settings = Settings(**{k: _coerce_field(k, v, sources.get(k)) for k, v in values.items()})
+    load_stage_modules(settings)
+    return settings
 
 
 def _suggest(name: str, known: list[str]) -> str:

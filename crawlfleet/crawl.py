@@ -33,11 +33,10 @@ from infra.clickhouse import run_query
 from infra.lag import LagProbe
 from infra.topics import adopt_partitions, create_topics, delete_topics, topology_of
 from producers.frontier import PublishReport, jobs_from_lines, publish
-from schemas.topics import Topology
+from schemas.topics import Topology, stage_spec, stages
 from streams.status import holds_work, read_statuses
 from streams.worker import kafka_answers
 
-STAGES = ("fetch", "parse", "store", "retry")
 PARTITIONS_PER_WORKER = 4
 IDLE_S = 1.0
 
@@ -49,9 +48,14 @@ class Plan:
     retry_workers: int = 1
     store_workers: int = 1  # embedded chDB allows exactly one store process
 
+    #: Workers of each stage declared in ``stage_modules`` (the topology's others).
+    other_workers: int = 1
+
     def counts(self) -> dict[str, int]:
-        return {"fetch": self.fetch_workers, "parse": self.parse_workers,
-                "store": self.store_workers, "retry": self.retry_workers}
+        """Workers per stage, every stage of the topology (the pipeline's and declared)."""
+        own = {"fetch": self.fetch_workers, "parse": self.parse_workers,
+               "store": self.store_workers, "retry": self.retry_workers}
+        return {stage: own.get(stage, self.other_workers) for stage in stages()}
 
     def partitions(self) -> int:
         """Partitions for topics that only this plan's processes will ever consume.
@@ -489,14 +493,14 @@ def _progress_table(statuses: list[dict[str, Any]], lags: dict[str, int],
     totals = _totals(statuses)
     t = Table(title=f"crawlfleet — {elapsed:.0f}s", show_header=True,
               caption="\n".join(notes or ()) or None, caption_style="bold red")
-    for col in ("fetched", "stored", "retries", "dead", "queue: frontier", "fetched→parse",
-                "parsed→store", "retry"):
+    queues = [stage_spec(stage).label or stage for stage in lags]
+    queues[0] = f"queue: {queues[0]}"
+    for col in ("fetched", "stored", "retries", "dead", *queues):
         t.add_column(col, justify="right")
     t.add_row(str(totals.get("fetch.fetched", 0)), str(totals.get("store.stored_pages", 0)),
               str(totals.get("fetch.retries", 0)),
               str(totals.get("fetch.dead", 0) + totals.get("parse.dead", 0)),
-              str(lags["fetch"]), str(lags["parse"]), str(lags["store"]),
-              str(lags["retry"]))
+              *(str(lag) for lag in lags.values()))
     return t
 
 

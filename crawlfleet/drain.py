@@ -19,7 +19,7 @@ from crawlfleet.crawl import IDLE_S, Fleet
 from crawlfleet.errors import InfraError
 from infra.lag import LagProbe
 from infra.live_state import LiveEntries, live_entries
-from schemas.topics import Topology
+from schemas.topics import Topology, stages
 from streams.status import holds_work
 
 
@@ -29,12 +29,14 @@ class BrokerState:
 
     parked: int = 0
     timers: int = 0
+    others: dict[str, int] = field(default_factory=dict)  # declared stages' state topics
     unsettled: dict[str, list[int]] = field(default_factory=dict)  # topic -> partitions
     error: str = ""
 
     @property
     def empty(self) -> bool:
-        return not self.parked and not self.timers and not self.unsettled and not self.error
+        return not self.parked and not self.timers and not any(self.others.values()) \
+            and not self.unsettled and not self.error
 
     def describe(self) -> str:
         parts = []
@@ -42,6 +44,7 @@ class BrokerState:
             parts.append(f"crawl.parked holds {self.parked} live entries")
         if self.timers:
             parts.append(f"crawl.timers holds {self.timers} live entries")
+        parts += [f"{t} holds {n} live entries" for t, n in self.others.items() if n]
         parts += [f"{t} unsettled on partitions {ps}" for t, ps in self.unsettled.items()]
         if self.error:
             parts.append(self.error)
@@ -49,12 +52,18 @@ class BrokerState:
 
 
 def broker_state(settings: Settings, topo: Topology, timeout_s: float = 10.0) -> BrokerState:
-    """Count the live entries of ``crawl.parked`` and ``crawl.timers`` on the broker."""
+    """Count the live entries of every stage's state changelogs on the broker (as the
+    topology declares them: ``crawl.parked``, ``crawl.timers`` and any declared stage's)."""
     out = BrokerState()
+    own = {topo.parked: "parked", topo.timers: "timers"}
     try:
-        for name, topic in (("parked", topo.parked), ("timers", topo.timers)):
+        for topic in (t for stage in stages() for t in topo.state_topics(stage)):
             live: LiveEntries = live_entries(settings, topic, topo.partitions, timeout_s)
-            setattr(out, name, live.total)
+            name = own.get(topic, topic)
+            if name in ("parked", "timers"):
+                setattr(out, name, live.total)
+            else:
+                out.others[name] = live.total
             if live.unsettled:
                 out.unsettled[name] = sorted(live.unsettled)
     except InfraError as exc:

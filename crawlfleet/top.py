@@ -36,7 +36,7 @@ from infra.clickhouse import run_query
 from infra.lag import LagProbe
 from infra.topics import topology_of
 from schemas.codec import default_codec
-from schemas.topics import STAGES
+from schemas.topics import stages as topology_stages
 from streams.control import ControlReader
 from streams.status import read_statuses
 
@@ -93,7 +93,8 @@ class FleetView:
         self.probe = LagProbe(settings)
         self.admin = AdminClient(settings.kafka_common())
         self.control = ControlReader(settings, self.topo.control, default_codec())
-        self.history: dict[str, deque[int]] = {st: deque(maxlen=HISTORY) for st in STAGES}
+        self.history: dict[str, deque[int]] = {st: deque(maxlen=HISTORY)
+                                               for st in topology_stages()}
         self._consumed: dict[str, tuple[float, int]] = {}
         self._held: HeldWork | None = None
         self._held_at = -HELD_EVERY_S
@@ -104,7 +105,7 @@ class FleetView:
         self.control.catch_up(5.0)
         stages: dict[str, StageView] = {}
         members = self._members(notes)
-        for stage in STAGES:
+        for stage in topology_stages():
             pos = self.probe.positions(self.topo.group(stage), self.topo.inputs(stage),
                                        self.topo.partitions)
             if pos is None:
@@ -141,7 +142,7 @@ class FleetView:
         return self._held
 
     def _members(self, notes: list[str]) -> dict[str, list[str]]:
-        groups = {self.topo.group(st): st for st in STAGES}
+        groups = {self.topo.group(st): st for st in topology_stages()}
         out: dict[str, list[str]] = {}
         try:
             futures = self.admin.describe_consumer_groups(list(groups), request_timeout=5)
@@ -198,7 +199,8 @@ def fleet_state(snap: Snapshot) -> str:
     staffed = [bool(v.members) for v in snap.stages.values()]
     if not any(staffed):
         return "no workers"
-    return "running" if all(staffed) and len(staffed) == len(STAGES) else "partly running"
+    everyone = all(staffed) and len(staffed) == len(topology_stages())
+    return "running" if everyone else "partly running"
 
 
 _STATE_STYLE = {"paused": "red", "no workers": "yellow", "partly running": "yellow",
@@ -215,7 +217,7 @@ def render(snap: Snapshot) -> RenderableType:
     st = Table(title="stages", title_justify="left")
     for col in ("stage", "lag", "trend", "records/s", "workers", "state"):
         st.add_column(col, justify="right" if col in ("lag", "records/s") else "left")
-    for name in STAGES:
+    for name in topology_stages():
         v = snap.stages.get(name)
         if v is None:
             st.add_row(name, "?", "", "", "", "")

@@ -8,7 +8,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicParti
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from crawlfleet.config import Settings
-from schemas.topics import STAGES, Topology
+from schemas.topics import Topology, stages
 
 
 class LagProbe:
@@ -58,7 +58,7 @@ class LagProbe:
     def stage_lags(self, topology: Topology) -> dict[str, int]:
         """Queue depth of every stage (its group's lag on its inputs), by stage name."""
         return {stage: self.lag(topology.group(stage), topology.inputs(stage),
-                                topology.partitions) for stage in STAGES}
+                                topology.partitions) for stage in stages()}
 
     def _offsets(self, tps: set[tuple[str, int]], spec: OffsetSpec) -> dict[tuple[str, int], int]:
         """Offsets of ``tps`` by ``spec`` (high watermark for latest), batched per broker."""

@@ -18,8 +18,109 @@ DAY_MS = 24 * 3600 * 1000
 #: Retry tiers: (delay in seconds, topic suffix). Attempt n waits in the first tier whose
 #: delay is at least what the failure asked for (Retry-After or back-off).
 RETRY_DELAYS_S: tuple[int, ...] = (2, 15, 120)
-#: The consumer-group stages, in a job's order through the pipeline.
+#: The pipeline's own consumer-group stages, in a job's order through it (stages a user
+#: declares with :func:`register_stage` come after these: :func:`stages`).
 STAGES: tuple[str, ...] = ("fetch", "parse", "store", "retry")
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One consumer-group stage, as the topology declares it: what it reads, where its
+    worker class is, and what the operator views call its queue.
+
+    ``inputs`` are topic names without the crawl's prefix (``crawl.parsed``); the first of
+    ``followers`` (also in ``inputs``) go wherever the lead input's partition N goes.
+    ``entry`` is ``"module:Class"``: ``Class(settings, worker_id, stop)`` is the worker
+    (``streams.batch_stage.BatchStage`` gives one the whole runtime). ``state_topics`` are
+    changelogs holding work (parked jobs, timers): a crawl is drained only when the broker
+    holds no live entry in them. ``label`` names the stage's queue in progress tables.
+    """
+
+    name: str
+    inputs: tuple[str, ...]
+    entry: str
+    followers: tuple[str, ...] = ()
+    state_topics: tuple[str, ...] = ()
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class TopicDecl:
+    """A topic a user stage adds: its name without the prefix, the Avro record it carries,
+    and its config (``cleanup.policy`` and so on). Partitioned by target like the rest."""
+
+    name: str
+    record: str
+    config: tuple[tuple[str, str], ...] = (("cleanup.policy", "delete"),
+                                           ("retention.ms", str(7 * DAY_MS)))
+
+
+_BUILTIN: dict[str, StageSpec] = {
+    "fetch": StageSpec("fetch", ("crawl.frontier", "crawl.frontier.high"),
+                       "consumers.fetch:FetchStage", followers=("crawl.frontier.high",),
+                       state_topics=("crawl.parked",), label="frontier"),
+    "parse": StageSpec("parse", ("crawl.fetched",), "consumers.parse:ParseStage",
+                       label="fetched→parse"),
+    "store": StageSpec("store", ("crawl.parsed", "crawl.telemetry", "crawl.dead",
+                                 "crawl.lineage"), "consumers.store:StoreStage",
+                       label="parsed→store"),
+    "retry": StageSpec("retry", tuple(f"crawl.retry.{d}s" for d in RETRY_DELAYS_S),
+                       "consumers.retry:RetryStage",
+                       followers=tuple(f"crawl.retry.{d}s" for d in RETRY_DELAYS_S[1:]),
+                       state_topics=("crawl.timers",), label="retry"),
+}
+_REGISTERED: dict[str, StageSpec] = {}
+_TOPICS: dict[str, TopicDecl] = {}
+
+
+def register_stage(spec: StageSpec, topics: tuple[TopicDecl, ...] = ()) -> None:
+    """Add a stage (and the topics it writes) to every topology of this process.
+
+    A worker process learns user stages from the modules named in the ``stage_modules``
+    setting (``CRAWLFLEET_STAGE_MODULES``), which call this when imported; registering the
+    same declaration again is a no-op, a different one under a taken name an error.
+    """
+    for decl in topics:
+        if _TOPICS.get(decl.name, decl) != decl:
+            raise ValueError(f"topic {decl.name!r} is already declared otherwise")
+        _TOPICS[decl.name] = decl
+    if spec.name in _BUILTIN or _REGISTERED.get(spec.name, spec) != spec:
+        raise ValueError(f"stage {spec.name!r} is already declared")
+    if not spec.inputs or not set(spec.followers) <= set(spec.inputs[1:]):
+        raise ValueError(f"stage {spec.name!r}: inputs must be given, followers among them")
+    _REGISTERED[spec.name] = spec
+    _records.cache_clear()
+
+
+def unregister_stage(name: str, topics: tuple[str, ...] = ()) -> None:
+    """Forget a registered stage and the named topics (a test's own stage, after it)."""
+    _REGISTERED.pop(name, None)
+    for topic in topics:
+        _TOPICS.pop(topic, None)
+    _records.cache_clear()
+
+
+def declared_topics() -> tuple[TopicDecl, ...]:
+    """Topics the registered stages write, in the order they were declared."""
+    return tuple(_TOPICS.values())
+
+
+def declared_modules() -> tuple[str, ...]:
+    """Modules of the stages registered in this process (each declared where its worker
+    class lives): the ``stage_modules`` a child process needs to know them too."""
+    return tuple(sorted({spec.entry.partition(":")[0] for spec in _REGISTERED.values()}))
+
+
+def stages() -> tuple[str, ...]:
+    """Every stage of the pipeline: its own four, then those registered, in that order."""
+    return (*STAGES, *_REGISTERED)
+
+
+def stage_spec(stage: str) -> StageSpec:
+    spec = _BUILTIN.get(stage) or _REGISTERED.get(stage)
+    if spec is None:
+        raise KeyError(f"unknown stage {stage!r}; stages are {', '.join(stages())}")
+    return spec
 
 
 @dataclass(frozen=True)
@@ -100,14 +201,7 @@ class Topology:
 
     def inputs(self, stage: str) -> list[str]:
         """The topics ``stage``'s consumer group reads (its queue depth is its lag on them)."""
-        by_stage = {"fetch": [self.frontier, self.frontier_high],
-                    "parse": [self.fetched],
-                    "store": [self.parsed, self.telemetry, self.dead, self.lineage],
-                    "retry": self.retry_topics}
-        try:
-            return by_stage[stage]
-        except KeyError:
-            raise KeyError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}") from None
+        return [self.prefix + t for t in stage_spec(stage).inputs]
 
     def subscription(self, stage: str) -> list[str]:
         """The topics ``stage``'s group subscribes to: its inputs minus the followers.
@@ -123,11 +217,11 @@ class Topology:
 
     def followers(self, stage: str) -> list[str]:
         """Inputs of ``stage`` whose partition N goes wherever the lead topic's N goes."""
-        if stage == "fetch":
-            return [self.frontier_high]
-        if stage == "retry":
-            return self.retry_topics[1:]
-        return []
+        return [self.prefix + t for t in stage_spec(stage).followers]
+
+    def state_topics(self, stage: str) -> list[str]:
+        """Changelogs of ``stage`` that hold work (parked jobs, timers)."""
+        return [self.prefix + t for t in stage_spec(stage).state_topics]
 
     def record_of(self, topic: str) -> str:
         """The Avro record a topic carries."""
@@ -177,6 +271,7 @@ class Topology:
         specs += [t(self.retry(d), "CrawlJob", {"cleanup.policy": "delete", "retention.ms": week,
                                                  "message.timestamp.type": "LogAppendTime"})
                   for d in RETRY_DELAYS_S]
+        specs += [t(self.prefix + d.name, d.record, dict(d.config)) for d in _TOPICS.values()]
         return specs
 
     def spec(self, name: str) -> TopicSpec:

@@ -202,3 +202,35 @@ def test_co_partitioned_inputs_follow_one_subscribed_lead_topic() -> None:
     for stage in STAGES:  # nothing read that is not declared, nothing declared left unread
         assert sorted(topo.subscription(stage) + topo.followers(stage)) == \
             sorted(topo.inputs(stage))
+
+
+def test_a_declared_stage_joins_every_topology_and_leaves_cleanly() -> None:
+    from schemas.topics import (
+        StageSpec,
+        TopicDecl,
+        Topology,
+        register_stage,
+        stage_spec,
+        stages,
+        unregister_stage,
+    )
+    spec = StageSpec("extra", ("crawl.parsed", "crawl.dead"), "x:Y", followers=("crawl.dead",))
+    register_stage(spec, (TopicDecl("crawl.extra", "ParsedPage"),))
+    try:
+        register_stage(spec, (TopicDecl("crawl.extra", "ParsedPage"),))  # the same: a no-op
+        topo = Topology(prefix="p.")
+        assert stages()[-1] == "extra" and stage_spec("extra") is spec
+        assert topo.subscription("extra") == ["p.crawl.parsed"]
+        assert topo.followers("extra") == ["p.crawl.dead"]
+        assert topo.record_of("p.crawl.extra") == "ParsedPage"
+        with pytest.raises(ValueError, match="already declared"):
+            register_stage(StageSpec("extra", ("crawl.fetched",), "x:Z"))
+        with pytest.raises(ValueError, match="already declared"):
+            register_stage(StageSpec("fetch", ("crawl.fetched",), "x:Z"))
+        with pytest.raises(ValueError, match="followers among them"):
+            register_stage(StageSpec("other", ("crawl.parsed",), "x:Z",
+                                     followers=("crawl.dead",)))
+    finally:
+        unregister_stage("extra", ("crawl.extra",))
+    assert "extra" not in stages()
+    assert "p.crawl.extra" not in {s.name for s in Topology(prefix="p.").specs()}

@@ -1,0 +1,29 @@
+"""A stage of a user's own, declared through the public topology API alone (nothing outside
+``tests/`` knows it): ``archive`` reads every parsed page (``crawl.parsed``, as a consumer
+group of its own beside the store's) and writes it to ``crawl.archive`` keyed by its dedupe
+key, on the runtime's batch stage, so each page's record is committed exactly once."""
+
+from __future__ import annotations
+
+from confluent_kafka import Message
+
+from schemas.topics import StageSpec, TopicDecl, register_stage
+from streams.batch_stage import BatchStage
+from streams.io import Output
+
+ARCHIVE = "crawl.archive"
+
+
+class ArchiveStage(BatchStage):
+    stage = "archive"
+
+    def handle(self, msg: Message) -> list[Output]:
+        page = self.encoder.decode(msg)  # an unreadable record is dead-lettered by the runtime
+        return [self.encoder.record(self.topology.prefix + ARCHIVE, page["target"],
+                                    page["dedupe_key"].encode(), page)]
+
+
+SPEC = StageSpec("archive", ("crawl.parsed",), f"{__name__}:ArchiveStage",
+                 label="parsed→archive")
+TOPICS = (TopicDecl(ARCHIVE, "ParsedPage"),)
+register_stage(SPEC, TOPICS)  # on import: a worker process learns it from stage_modules
