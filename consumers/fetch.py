@@ -62,6 +62,7 @@ from crawlfleet.urls import canonicalize, target_of
 from infra.topics import topology_of
 from producers.lineage import DUPLICATE, PARKED, lineage_event
 from producers.replay import job_dedupe_key
+from schemas.records import CrawlJob
 from schemas.topics import partition_for
 from streams.committer import FencedError, TxnCommitter, on_kafka_thread
 from streams.control import ControlReader, backlog_key
@@ -151,7 +152,7 @@ def _parked_transform(enc: Encoder) -> Callable[[Message], bytes | None]:
     """Changelog record (Avro CrawlJob) → the parked store's bytes (compact JSON)."""
     def transform(msg: Message) -> bytes | None:
         try:
-            return encode_job(enc.decode(msg))
+            return encode_job(enc.decode_job(msg))
         except DecodeError:
             return None
     return transform
@@ -525,7 +526,7 @@ class _Session:
                 continue  # revoked between fetch and delivery
             self.status.add("consumed")
             try:
-                job = self.enc.decode(msg)
+                job = self.enc.decode_job(msg)
                 job["url"] = canonicalize(job["url"])
             except DecodeError as exc:
                 self.status.metrics.dead_letter(exc.reason)
@@ -822,7 +823,7 @@ class _Session:
         if not self.ledger.finish(pj, outputs, seen, changes) and pj.park_key is not None:
             self.parked.untake(pj.park_key)
 
-    def _misplaced(self, tp: TP, offset: int, epoch: int, job: dict[str, Any],
+    def _misplaced(self, tp: TP, offset: int, epoch: int, job: CrawlJob,
                    verdict: str) -> None:
         """A job today's rules place elsewhere: sent on under its URL's own target (its cap,
         its partition), or dead-lettered ``out_of_scope`` -- never fetched here as it was."""
