@@ -28,6 +28,7 @@ from crawlfleet.errors import DecodeError, InvalidURLError
 from crawlfleet.urls import canonicalize, target_of
 from producers.lineage import DUPLICATE, PARKED, lineage_event
 from producers.replay import job_dedupe_key
+from schemas.records import CrawlJob
 from schemas.topics import Topology, partition_for
 from streams.control import backlog_key
 from streams.io import Encoder, Output, offset_of, tp_of
@@ -69,7 +70,7 @@ class Intake:
                 continue  # revoked between fetch and delivery
             self.status.add("consumed")
             try:
-                job = self.enc.decode(msg)
+                job = self.enc.decode_job(msg)
                 job["url"] = canonicalize(job["url"])
             except DecodeError as exc:
                 self.status.metrics.dead_letter(exc.reason)
@@ -195,7 +196,7 @@ class Intake:
         if not self.ledger.finish(pj, outputs, seen, changes) and pj.park_key is not None:
             self.parked.untake(pj.park_key)
 
-    def misplaced(self, tp: TP, offset: int, epoch: int, job: dict[str, Any],
+    def misplaced(self, tp: TP, offset: int, epoch: int, job: CrawlJob,
                    verdict: str) -> None:
         """A job today's rules place elsewhere: sent on under its URL's own target (its cap,
         its partition), or dead-lettered ``out_of_scope`` -- never fetched here as it was."""

@@ -29,7 +29,7 @@ def parked_transform(enc: Encoder) -> Callable[[Message], bytes | None]:
     """Changelog record (Avro CrawlJob) → the parked store's bytes (compact JSON)."""
     def transform(msg: Message) -> bytes | None:
         try:
-            return encode_job(enc.decode(msg))
+            return encode_job(enc.decode_job(msg))
         except DecodeError:
             return None
     return transform

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 from consumers.classify import Signal, Verdict, classify_status
 from consumers.http_fetch import REDIRECT_STATUSES, Response
@@ -27,12 +27,13 @@ from crawlfleet.urls import resolve_link, target_of
 from crawlfleet.versions import FETCHER_VERSION, HTTP_LIB_VERSION, TLS_LIB_VERSION
 from producers.lineage import ENQUEUED, lineage_event
 from producers.replay import REDIRECT_HOPS, without_replay
+from schemas.records import CrawlJob, FetchEvent, FetchResult, Seen, SeenState
 from schemas.topics import RETRY_DELAYS_S, Topology
 from streams.io import Encoder, Output
 from streams.ledger import Pending
 
 
-def redirect_hops(job: dict[str, Any]) -> int:
+def redirect_hops(job: CrawlJob) -> int:
     value = (job.get("meta") or {}).get(REDIRECT_HOPS, "0")
     return int(value) if value.isascii() and value.isdigit() and len(value) < 6 else 0
 
@@ -63,12 +64,12 @@ class OutcomeRules:
         outcome = classify_status(resp.status, resp.retry_after, job["attempt"],
                                   block_statuses=self.block_statuses)
         if outcome.verdict is Verdict.STORE:
-            result = self.enc.record(self.topology.fetched, pj.target,
-                                     pj.key.encode(), {
+            page: FetchResult = {
                 "job": job, "final_url": resp.url, "status": resp.status,
                 "content_type": resp.content_type, "body": resp.body,
                 "fetched_at_ms": int(time.time() * 1000), "elapsed_ms": resp.elapsed_ms,
-                "redirects": resp.redirects, "worker": self.worker})
+                "redirects": resp.redirects, "worker": self.worker}
+            result = self.enc.record(self.topology.fetched, pj.target, pj.key.encode(), page)
             label = "blocked" if outcome.blocked else "ok"
             return Result([result, self.event(pj, resp.status, label, outcome.reason, started,
                                               len(resp.body))],
@@ -99,17 +100,18 @@ class OutcomeRules:
             reason = "redirect_loop"
         else:
             reason = "redirect"
-        outputs = [self.enc.record(self.topology.fetched, pj.target, pj.key.encode(), {
-                       "job": job, "final_url": resp.url, "status": resp.status,
-                       "content_type": resp.content_type, "body": b"",
-                       "fetched_at_ms": int(time.time() * 1000),
-                       "elapsed_ms": resp.elapsed_ms,
-                       "redirects": [to or resp.location[:2048]], "worker": self.worker}),
+        page: FetchResult = {
+            "job": job, "final_url": resp.url, "status": resp.status,
+            "content_type": resp.content_type, "body": b"",
+            "fetched_at_ms": int(time.time() * 1000), "elapsed_ms": resp.elapsed_ms,
+            "redirects": [to or resp.location[:2048]], "worker": self.worker}
+        outputs = [self.enc.record(self.topology.fetched, pj.target, pj.key.encode(), page),
                    self.event(pj, resp.status, "ok", reason, started, 0)]
         if reason == "redirect" and to is not None:
-            child = {**job, "url": to, "target": target_of(to, s.target_mode), "attempt": 0,
-                     "parent_url": job["url"], "last_error": None, "delay_ms": 0,
-                     "meta": {**without_replay(job.get("meta")), REDIRECT_HOPS: str(hops + 1)}}
+            child: CrawlJob = {
+                **job, "url": to, "target": target_of(to, s.target_mode), "attempt": 0,
+                "parent_url": job["url"], "last_error": None, "delay_ms": 0,
+                "meta": {**without_replay(job.get("meta")), REDIRECT_HOPS: str(hops + 1)}}
             topic = self.topology.frontier_high if child.get("priority", 0) > 0 \
                 else self.topology.frontier
             outputs += [lineage_event(self.enc, child, ENQUEUED, "fetch", "redirect", job["url"]),
@@ -138,8 +140,8 @@ class OutcomeRules:
         tier = self.topology.retry_tier_for(delay_s)
         # The exact delay (at least the shortest tier's): the retry stage's timer store
         # fires each job when its own delay is up, whatever tier carried it.
-        again = {**job, "attempt": attempt, "last_error": reason,
-                 "delay_ms": int(max(delay_s, RETRY_DELAYS_S[0]) * 1000)}
+        again: CrawlJob = {**job, "attempt": attempt, "last_error": reason,
+                           "delay_ms": int(max(delay_s, RETRY_DELAYS_S[0]) * 1000)}
         return Result([self.enc.job(self.topology.retry(tier), again),
                        self.event(pj, status, "retry", reason, started, 0)],
                       (RETRYING, attempt), outcome="retry", reason=reason)
@@ -162,18 +164,19 @@ class OutcomeRules:
         return self.enc.record(self.topology.parked, pj.target, pj.park_key, None)
 
     def seen(self, pj: Pending, state: tuple[str, int]) -> Output:
-        return self.enc.record(self.topology.seen, pj.target, pj.key.encode(),
-                               {"state": state[0], "attempt": state[1], "status": 0})
+        # The state is one of consumers.seen's DONE, RETRYING, DEAD (the ledger keeps str).
+        record: Seen = {"state": cast(SeenState, state[0]), "attempt": state[1], "status": 0}
+        return self.enc.record(self.topology.seen, pj.target, pj.key.encode(), record)
 
     def event(self, pj: Pending, status: int, outcome: str, reason: str, started: float,
               size: int) -> Output:
         job = pj.job
-        return self.enc.record(self.topology.telemetry, pj.target,
-                               pj.key.encode(), {
+        record: FetchEvent = {
             "url": job["url"], "target": pj.target, "profile": job["profile"],
             "attempt": job["attempt"], "status": status, "outcome": outcome, "reason": reason,
             "elapsed_ms": int((time.monotonic() - started) * 1000), "bytes": size,
             "worker": self.worker, "fetcher_version": FETCHER_VERSION,
             "http_version": HTTP_LIB_VERSION, "tls_version": TLS_LIB_VERSION,
             "profile_bundle_version": self.s.profile_bundle_version,
-            "code_revision": self.s.code_revision, "ts_ms": int(time.time() * 1000)})
+            "code_revision": self.s.code_revision, "ts_ms": int(time.time() * 1000)}
+        return self.enc.record(self.topology.telemetry, pj.target, pj.key.encode(), record)

@@ -21,8 +21,9 @@ import json
 import math
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
+from schemas.records import CrawlJob
 from schemas.topics import partition_for
 from streams.ledger import StoreChange
 from streams.state_store import StateStore
@@ -51,12 +52,13 @@ def _prefix(target: str, tier: int) -> bytes:
     return target.encode() + b"\x00" + (HIGH_BYTE if tier > 0 else BULK_BYTE)
 
 
-def encode_job(job: dict[str, Any]) -> bytes:
+def encode_job(job: CrawlJob) -> bytes:
     return json.dumps(job, separators=(",", ":")).encode()
 
 
-def decode_job(raw: bytes) -> dict[str, Any]:
-    job: dict[str, Any] = json.loads(raw)
+def decode_job(raw: bytes) -> CrawlJob:
+    """A stored job: JSON of a CrawlJob the changelog's codec read (see encode_job)."""
+    job: CrawlJob = json.loads(raw)
     return job
 
 
@@ -175,7 +177,7 @@ class ParkedQueues:
     # --- moves ----------------------------------------------------------------------------
 
     @_locked
-    def park(self, partition: int, key: bytes, job: dict[str, Any]) -> StoreChange:
+    def park(self, partition: int, key: bytes, job: CrawlJob) -> StoreChange:
         """A job goes to disk: the change to commit (and apply once committed)."""
         self._add(self._pending, queue_of_key(key), 1)
         self._count(partition, 1)
@@ -183,7 +185,7 @@ class ParkedQueues:
 
     @_locked
     def take(self, partition: int, target: str, tier: int,
-             n: int) -> list[tuple[bytes, dict[str, Any]]]:
+             n: int) -> list[tuple[bytes, CrawlJob]]:
         """Up to ``n`` of the queue's oldest parked jobs back into memory."""
         if n <= 0 or self.available(target, tier) <= 0:
             return []

@@ -20,6 +20,7 @@ from crawlfleet.errors import CrawlfleetError, InternalError
 from crawlfleet.urls import dedupe_key, target_of
 from producers.lineage import ENQUEUED, lineage_event
 from producers.replay import REDIRECT_HOPS, without_replay
+from schemas.records import CrawlJob, FetchResult, ParsedPage
 from streams.backpressure import FrontierGate
 from streams.batch_stage import BatchStage, NotDueError
 from streams.io import Output, job_key, raw_value, tp_of
@@ -86,7 +87,7 @@ class ParseStage(BatchStage):
         if self._gate.over():  # fetching is behind: pause this input, do not sleep
             self.status.add("backpressure_holds")
             raise NotDueError(0.5)
-        result = self.encoder.decode(msg)
+        result = self.encoder.decode_as(FetchResult, msg)
         try:
             outputs = self._outputs(result)
         except (CrawlfleetError, NotDueError):
@@ -106,7 +107,7 @@ class ParseStage(BatchStage):
         self.status.add("pages")
         return outputs
 
-    def _outputs(self, result: dict[str, Any]) -> list[Output]:
+    def _outputs(self, result: FetchResult) -> list[Output]:
         job = result["job"]
         ok = 200 <= result["status"] <= 299
         page = extract(result["body"], result["final_url"], result["content_type"]) if ok \
@@ -117,20 +118,20 @@ class ParseStage(BatchStage):
         outputs.extend(self._link_jobs(job, links))
         return outputs
 
-    def _page_output(self, result: dict[str, Any], title: str, text: str,
+    def _page_output(self, result: FetchResult, title: str, text: str,
                      links: list[str]) -> Output:
         job = result["job"]
         key = dedupe_key(job["profile"], job["url"])
-        return self.encoder.record(self.topology.parsed, job["target"],
-                                   key.encode(), {
+        page: ParsedPage = {
             "dedupe_key": key, "url": job["url"], "final_url": result["final_url"],
             "target": job["target"], "profile": job["profile"], "depth": job["depth"],
             "status": result["status"], "content_type": result["content_type"],
             "title": title, "text": text, "links": links, "body_bytes": len(result["body"]),
             "fetched_at_ms": result["fetched_at_ms"], "fetch_worker": result["worker"],
-            "parse_worker": self.worker, "parsed_at_ms": int(time.time() * 1000)})
+            "parse_worker": self.worker, "parsed_at_ms": int(time.time() * 1000)}
+        return self.encoder.record(self.topology.parsed, job["target"], key.encode(), page)
 
-    def _link_jobs(self, job: dict[str, Any], links: list[str]) -> list[Output]:
+    def _link_jobs(self, job: CrawlJob, links: list[str]) -> list[Output]:
         s = self.settings
         out = []
         meta = link_meta(job.get("meta"))
@@ -144,10 +145,10 @@ class ParseStage(BatchStage):
                 continue
             self._recent.add(key)
             target = target_of(link, s.target_mode)
-            child = {"url": link, "target": target, "profile": job["profile"],
-                     "depth": job["depth"] + 1, "attempt": 0, "parent_url": job["url"],
-                     "last_error": None, "priority": job.get("priority", 0),
-                     "meta": meta, "delay_ms": 0}
+            child: CrawlJob = {"url": link, "target": target, "profile": job["profile"],
+                               "depth": job["depth"] + 1, "attempt": 0,
+                               "parent_url": job["url"], "last_error": None,
+                               "priority": job.get("priority", 0), "meta": meta, "delay_ms": 0}
             topic = self.topology.frontier_high if child["priority"] > 0 \
                 else self.topology.frontier
             out += [self.encoder.job(topic, child),

@@ -38,6 +38,7 @@ from confluent_kafka import (
 from consumers import timers
 from crawlfleet.errors import DecodeError
 from producers.lineage import RELEASED, lineage_event
+from schemas.records import CrawlJob
 from schemas.topics import HEADER_SCHEMA, RETRY_DELAYS_S
 from streams.batch_stage import BatchStage
 from streams.io import Output, offset_of, producer_conf, stable_committed, tp_of
@@ -89,7 +90,7 @@ class RetryStage(BatchStage):
     # --- inputs ---------------------------------------------------------------------------
 
     def handle(self, msg: Message) -> list[Output]:
-        job = self.encoder.decode(msg)
+        job = self.encoder.decode_job(msg)
         topic, part = tp_of(msg)
         tier, tier_delay_ms = self._tiers[topic]
         ts_type, ts = msg.timestamp()
@@ -114,7 +115,7 @@ class RetryStage(BatchStage):
         self.status.add("timers_set")
         return [out]
 
-    def _to_frontier(self, job: dict[str, Any]) -> list[Output]:
+    def _to_frontier(self, job: CrawlJob) -> list[Output]:
         """The job back on the frontier, and its lineage event (released, with its reason)."""
         topic = self.topology.frontier_high if job.get("priority", 0) > 0 \
             else self.topology.frontier
@@ -164,7 +165,8 @@ class RetryStage(BatchStage):
     def _fired(self, key: bytes, raw: bytes) -> list[Output]:
         fingerprint, payload = timers.decode_value(raw)
         try:
-            job = self.encoder.codec.decode("CrawlJob", payload, [(HEADER_SCHEMA, fingerprint)])
+            job = self.encoder.codec.decode_as(CrawlJob, payload,
+                                               [(HEADER_SCHEMA, fingerprint)])
         except DecodeError as exc:  # restore checked it; only a schema removal gets here
             return [self.encoder.dead(None, payload, self.topology.timers, exc.reason, str(exc),
                                       1)]

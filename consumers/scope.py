@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
 
 from crawlfleet.urls import target_of
+from schemas.records import CrawlJob
 
 #: :func:`recheck` verdicts.
 REROUTE, OUT_OF_SCOPE = "reroute", "out_of_scope"
@@ -23,7 +23,7 @@ def follow(link: str, page_target: str, depth: int, *, scope: str, max_depth: in
     return True
 
 
-def recheck(job: dict[str, Any], *, scope: str, target_mode: str,
+def recheck(job: CrawlJob, *, scope: str, target_mode: str,
             allowed: Collection[str] = ()) -> str | None:
     """Whether a job may be fetched as it is, judged by today's rules from its URL alone
     (a replayed or retried job was made under the rules of its day): :data:`REROUTE` when

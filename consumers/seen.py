@@ -54,6 +54,7 @@ from rocksdict import (
 from crawlfleet.config import Settings
 from crawlfleet.errors import DecodeError, InfraError
 from schemas.codec import Codec, HeadersIn
+from schemas.records import Seen
 from streams.io import raw_value
 from streams.state_store import tail_changelog
 
@@ -444,7 +445,7 @@ class SeenStore:
             batch.delete(k)
             return 1
         try:
-            rec = codec.decode("Seen", value, headers)
+            rec = codec.decode_as(Seen, value, headers)
             batch.put(k, encode_value(rec["state"], rec["attempt"], written_s))
         except (DecodeError, ValueError, KeyError) as exc:  # never a crash loop on one record
             log.warning("seen restore: skipping undecodable record for %r: %s", key, exc)

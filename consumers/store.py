@@ -52,6 +52,14 @@ from infra.clickhouse import (
 )
 from infra.topics import topology_of
 from schemas.codec import default_codec
+from schemas.records import (
+    CrawlJob,
+    DeadLetter,
+    FetchEvent,
+    LineageEvent,
+    ParsedPage,
+    TimestampMs,
+)
 from streams import faults
 from streams.io import (
     Encoder,
@@ -95,28 +103,28 @@ def _ts(ms: int) -> datetime:
     return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
 
 
-def page_row(p: dict[str, Any]) -> tuple[Any, ...]:
+def page_row(p: ParsedPage) -> tuple[Any, ...]:
     return (p["dedupe_key"], p["url"], p["final_url"], p["target"], p["profile"],
             min(p["depth"], 65535), p["status"], p["content_type"], p["title"], p["text"],
             p["links"], p["body_bytes"], _fetched_at(p["fetched_at_ms"]), p["fetch_worker"],
             p["parse_worker"], _fetched_at(p.get("parsed_at_ms", 0)))
 
 
-def _fetched_at(v: Any) -> datetime:
+def _fetched_at(v: TimestampMs) -> datetime:
     return v if isinstance(v, datetime) else _ts(int(v))
 
 
-def event_row(event_id: str, e: dict[str, Any]) -> tuple[Any, ...]:
+def event_row(event_id: str, e: FetchEvent) -> tuple[Any, ...]:
     return (event_id, _fetched_at(e["ts_ms"]), e["url"], e["target"], e["profile"],
             e["attempt"], e["status"], e["outcome"], e["reason"], e["elapsed_ms"], e["bytes"],
             e["worker"], e["fetcher_version"], e["http_version"], e["tls_version"],
             e["profile_bundle_version"], e["code_revision"])
 
 
-def dead_row(event_id: str, d: dict[str, Any]) -> tuple[Any, ...]:
+def dead_row(event_id: str, d: DeadLetter) -> tuple[Any, ...]:
     """The whole dead letter: the raw record's every byte (hex) and its job as JSON, from
     which ``crawlfleet dlq replay`` rebuilds it."""
-    job = d.get("job") or {}
+    job: CrawlJob | dict[str, str] = d.get("job") or {}  # an undecodable record has none
     raw = d.get("raw")
     return (event_id, _fetched_at(d["failed_at_ms"]), job.get("url", ""), job.get("target", ""),
             job.get("profile", ""), d["source_topic"], d["reason"], d["error"], d["attempts"],
@@ -124,7 +132,7 @@ def dead_row(event_id: str, d: dict[str, Any]) -> tuple[Any, ...]:
             json.dumps(job, sort_keys=True) if job else "")
 
 
-def lineage_row(event_id: str, e: dict[str, Any]) -> tuple[Any, ...]:
+def lineage_row(event_id: str, e: LineageEvent) -> tuple[Any, ...]:
     return (event_id, _fetched_at(e["ts_ms"]), e["dedupe_key"], e["url"], e["target"],
             e["profile"], e["state"], e["attempt"], e["parent_url"] or "", e["detail"],
             e["stage"], e["worker"], e["version"])
@@ -360,14 +368,18 @@ class StoreStage:
 
     def _route(self, msg: Message, event_id: str, rows: dict[str, list[Sequence[Any]]]) -> None:
         topic = tp_of(msg)[0]
-        record = self.codec.decode(self.topology.record_of(topic), msg.value(), msg.headers())
+        value, headers = msg.value(), msg.headers()
         if topic == self.topology.parsed:
-            rows["pages"].append(fits("pages", page_row(record)))
+            page = self.codec.decode_as(ParsedPage, value, headers)
+            rows["pages"].append(fits("pages", page_row(page)))
         elif topic == self.topology.telemetry:
-            rows["fetch_events"].append(fits("fetch_events", event_row(event_id, record)))
+            event = self.codec.decode_as(FetchEvent, value, headers)
+            rows["fetch_events"].append(fits("fetch_events", event_row(event_id, event)))
         elif topic == self.topology.lineage:
-            rows["lineage"].append(fits("lineage", lineage_row(event_id, record)))
-        else:
+            step = self.codec.decode_as(LineageEvent, value, headers)
+            rows["lineage"].append(fits("lineage", lineage_row(event_id, step)))
+        else:  # crawl.dead, the one other topic the store reads
+            record = self.codec.decode_as(DeadLetter, value, headers)
             key = msg.key() or b""
             key = key.encode() if isinstance(key, str) else key
             if key.startswith(_OWN_DEAD_KEY):  # one of ours: its row is the record's place

@@ -20,6 +20,7 @@ from crawlfleet.urls import dedupe_key
 from infra.clickhouse import run_query
 from infra.views import parse_duration
 from producers.replay import ReplayReport, publish_replays, replay_id, replay_job
+from schemas.records import CrawlJob
 
 LIST_COLUMNS = ("event_id", "failed_at", "reason", "target", "url", "attempts", "worker")
 _LIST_HEAD = " ".join(("SELECT", ", ".join(LIST_COLUMNS), "FROM dead_letters_v"))
@@ -106,17 +107,17 @@ def show(settings: Settings, event_id: str) -> dict[str, Any]:
 
 @dataclass
 class ReplayPlan:
-    jobs: list[dict[str, Any]] = field(default_factory=list)
+    jobs: list[CrawlJob] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)  # the dead letters replayed
     superseded: int = 0  # older dead letters of a page that has a newer one selected
     unreplayable: int = 0  # undecodable records: no job to replay
 
 
-def job_of(row: dict[str, Any]) -> dict[str, Any]:
+def job_of(row: dict[str, Any]) -> CrawlJob:
     """The dead letter's job: its JSON, or (a row stored before the column existed) one
     rebuilt from url, target and profile."""
     if row.get("job"):
-        job: dict[str, Any] = json.loads(row["job"])
+        job: CrawlJob = json.loads(row["job"])  # as the store wrote it: a decoded CrawlJob
         return job
     return {"url": row["url"], "target": row["target"], "profile": row["profile"],
             "depth": 0, "attempt": 0, "parent_url": None, "last_error": None,

@@ -12,11 +12,12 @@ from confluent_kafka import (
 from crawlfleet.config import Settings
 from crawlfleet.errors import KafkaStageError
 from infra.topics import topology_of
+from schemas.records import Control
 from streams.control import cap_key, pause_key
 from streams.io import Encoder, producer_conf
 
 
-def _send(settings: Settings, key: str, value: dict[str, object] | None) -> None:
+def _send(settings: Settings, key: str, value: Control | None) -> None:
     topology = topology_of(settings)
     producer = Producer(producer_conf(settings, "crawlfleet-control"))
     encoder = Encoder(topology, "control")

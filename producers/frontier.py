@@ -20,6 +20,7 @@ from crawlfleet.errors import ConfigError, CrawlfleetError, InvalidURLError, Kaf
 from crawlfleet.urls import canonicalize, dedupe_key, target_of
 from infra.topics import missing_topics, topology_of
 from producers.lineage import ENQUEUED, lineage_event
+from schemas.records import CrawlJob
 from streams.backpressure import FrontierGate
 from streams.io import Encoder, Output, producer_conf
 
@@ -32,7 +33,7 @@ class PublishReport:
     waited_s: float = 0.0  # time spent blocked on a full frontier
 
 
-def parse_line(line: str, settings: Settings) -> dict[str, Any] | None:
+def parse_line(line: str, settings: Settings) -> CrawlJob | None:
     """One input line → a CrawlJob dict (None for blank/comment lines)."""
     text = line.strip()
     if not text or text.startswith("#"):
@@ -62,7 +63,7 @@ def parse_line(line: str, settings: Settings) -> dict[str, Any] | None:
 
 
 def jobs_from_lines(lines: Iterable[str], settings: Settings,
-                    report: PublishReport) -> Iterator[dict[str, Any]]:
+                    report: PublishReport) -> Iterator[CrawlJob]:
     seen: set[str] = set()
     for number, line in enumerate(lines, start=1):
         try:

@@ -11,22 +11,23 @@ publish) that does it, so it exists exactly when that step happened.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from crawlfleet import __version__
 from crawlfleet.urls import dedupe_key
+from schemas.records import CrawlJob, LineageEvent
 from streams.io import Encoder, Output, job_key
 
 ENQUEUED, DUPLICATE, PARKED, RELEASED = "enqueued", "duplicate", "parked", "released"
 
 
-def lineage_event(enc: Encoder, job: dict[str, Any], state: str, stage: str,
+def lineage_event(enc: Encoder, job: CrawlJob, state: str, stage: str,
                   detail: str = "", parent_url: str | None = None) -> Output:
     """The lineage record of ``job`` reaching ``state`` in ``stage``."""
-    return enc.record(enc.topology.lineage, job["target"],
-                      job_key(job["target"], job["profile"], job["url"]), {
+    event: LineageEvent = {
         "dedupe_key": dedupe_key(job["profile"], job["url"]), "url": job["url"],
         "target": job["target"], "profile": job["profile"], "state": state,
         "attempt": int(job.get("attempt", 0)), "parent_url": parent_url, "detail": detail,
         "stage": stage, "worker": enc.worker, "version": __version__,
-        "ts_ms": int(time.time() * 1000)})
+        "ts_ms": int(time.time() * 1000)}
+    return enc.record(enc.topology.lineage, job["target"],
+                      job_key(job["target"], job["profile"], job["url"]), event)

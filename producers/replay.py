@@ -33,6 +33,7 @@ from crawlfleet.urls import dedupe_key
 from infra.topics import topology_of
 from producers.frontier import produce_patiently
 from producers.lineage import ENQUEUED, lineage_event
+from schemas.records import CrawlJob
 from streams.backpressure import FrontierGate
 from streams.io import Encoder, producer_conf
 
@@ -47,7 +48,7 @@ def replay_id(dead_letter_id: str) -> str:
     return hashlib.sha256(dead_letter_id.encode()).hexdigest()[:16]
 
 
-def job_dedupe_key(job: dict[str, Any]) -> str:
+def job_dedupe_key(job: CrawlJob) -> str:
     """The key the fetch stage dedupes ``job`` on: the page's, or the page's + replay id.
 
     Canonical URLs hold no space, so the suffix can never make another page's key.
@@ -66,7 +67,7 @@ def without_replay(meta: dict[str, str] | None) -> dict[str, str]:
     return {k: v for k, v in meta.items() if k != REPLAY_META}
 
 
-def replay_job(job: dict[str, Any], dead_letter_id: str) -> dict[str, Any]:
+def replay_job(job: CrawlJob, dead_letter_id: str) -> CrawlJob:
     """The frontier job that replays ``job``: fresh attempts, no delay, its replay mark."""
     return {**job, "attempt": 0, "last_error": None, "delay_ms": 0,
             "meta": {**(job.get("meta") or {}), REPLAY_META: replay_id(dead_letter_id)}}
@@ -78,7 +79,7 @@ class ReplayReport:
     waited_s: float = 0.0
 
 
-def publish_replays(jobs: Iterable[dict[str, Any]], settings: Settings) -> ReplayReport:
+def publish_replays(jobs: Iterable[CrawlJob], settings: Settings) -> ReplayReport:
     """Publish replayed jobs to the frontier (idempotent producer, acks=all), each with its
     lineage event, blocking while the frontier is over its bound."""
     report = ReplayReport()

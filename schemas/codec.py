@@ -12,10 +12,11 @@ from __future__ import annotations
 import io
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
@@ -31,6 +32,8 @@ _BASE_FIRST = ("crawl_job",)
 #: Kafka record headers as confluent-kafka produces and returns them.
 Headers = list[tuple[str, str | bytes | None]]
 HeadersIn = Headers | dict[str, str | bytes | None] | None
+#: A typed record: one of :mod:`schemas.records`' TypedDicts, named as its Avro record.
+R = TypeVar("R", bound=Mapping[str, Any])
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ class Codec:
         return sorted((v for v in self._by_fp.values() if v.record == full),
                       key=lambda v: v.version)
 
-    def encode(self, record: str, value: dict[str, Any],
+    def encode(self, record: str, value: Mapping[str, Any],
                version: SchemaVersion | None = None) -> tuple[bytes, Headers]:
         """Serialize ``value`` with the newest (or the given) schema of ``record``."""
         sv = version or self.latest(record)
@@ -99,6 +102,15 @@ class Codec:
         if not isinstance(result, dict):
             raise DecodeError(f"{record}: payload is not a record")
         return result
+
+    def decode_as(self, kind: type[R], payload: bytes | str | None, headers: HeadersIn) -> R:
+        """:meth:`decode` as the record ``kind`` names (a TypedDict of
+        :mod:`schemas.records`, named as its Avro record), typed so mypy checks its keys.
+
+        The cast is the codec's word: the payload was read into ``kind``'s newest schema,
+        which ``tests/unit/test_records.py`` holds equal to the TypedDict.
+        """
+        return cast(R, self.decode(kind.__name__, payload, headers))
 
 
 def _load(path: Path, name: str, version: int, latest: dict[str, SchemaVersion]) -> SchemaVersion:

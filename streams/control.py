@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -25,6 +24,7 @@ from confluent_kafka import (
 from crawlfleet.config import Settings
 from crawlfleet.errors import DecodeError
 from schemas.codec import Codec, HeadersIn
+from schemas.records import Control
 from streams.io import consume_ready, raw_value
 
 GLOBAL_PAUSE = "pause:*"
@@ -59,7 +59,7 @@ class ControlState:
     def parked(self) -> int:
         return sum(self.backlog.values())
 
-    def apply(self, key: str, value: dict[str, Any] | None) -> None:
+    def apply(self, key: str, value: Control | None) -> None:
         if key.startswith(BACKLOG_PREFIX):  # a figure, not a setting: no version bump
             count = value.get("value") if value is not None else None
             if count:
@@ -143,7 +143,7 @@ class ControlReader:
             self.state.apply(key, None)
             return
         try:
-            self.state.apply(key, self._codec.decode("Control", value, headers))
+            self.state.apply(key, self._codec.decode_as(Control, value, headers))
         except DecodeError:
             return  # a control record we cannot read changes nothing
 

@@ -8,6 +8,7 @@ and the CLI all build on it.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from crawlfleet import __version__
 from crawlfleet.config import Settings
 from crawlfleet.errors import DecodeError
-from schemas.codec import Codec, Headers, default_codec
+from schemas.codec import Codec, Headers, R, default_codec
+from schemas.records import Control, CrawlJob, DeadLetter
 from schemas.topics import Topology, partition_for
 
 
@@ -188,7 +190,7 @@ class Encoder:
         self.worker = worker
 
     def record(self, topic: str, target: str, key: bytes,
-               value: dict[str, Any] | None) -> Output:
+               value: Mapping[str, Any] | None) -> Output:
         """A record for ``topic``, of the type the topology declares for it, on its target's
         partition (a tombstone when ``value`` is None)."""
         part = partition_for(target, self.topology.partitions)
@@ -197,7 +199,7 @@ class Encoder:
         payload, headers = self.codec.encode(self.topology.record_of(topic), value)
         return Output(topic, part, key, payload, headers)
 
-    def control(self, key: str, value: dict[str, Any] | None) -> Output:
+    def control(self, key: str, value: Control | None) -> Output:
         """A record for the single-partition control topic (a tombstone when None)."""
         topic = self.topology.control
         if value is None:
@@ -205,23 +207,34 @@ class Encoder:
         payload, headers = self.codec.encode(self.topology.record_of(topic), value)
         return Output(topic, 0, key.encode(), payload, headers)
 
-    def job(self, topic: str, job: dict[str, Any]) -> Output:
+    def job(self, topic: str, job: CrawlJob) -> Output:
         return self.record(topic, job["target"],
                            job_key(job["target"], job["profile"], job["url"]), job)
 
-    def dead(self, job: dict[str, Any] | None, raw: bytes | None, source_topic: str,
+    def dead(self, job: CrawlJob | None, raw: bytes | None, source_topic: str,
              reason: str, error: str, attempts: int, target: str | None = None) -> Output:
         tgt = job["target"] if job else (target or "")
         key = job_key(tgt, job["profile"], job["url"]) if job else b"undecodable"
-        return self.record(self.topology.dead, tgt, key, {
+        letter: DeadLetter = {
             "job": job, "raw": raw, "source_topic": source_topic, "reason": reason,
             "error": error[:2000], "attempts": attempts, "worker": self.worker,
-            "version": __version__, "failed_at_ms": int(time.time() * 1000)})
+            "version": __version__, "failed_at_ms": int(time.time() * 1000)}
+        return self.record(self.topology.dead, tgt, key, letter)
 
     def decode(self, msg: Message) -> dict[str, Any]:
         """A consumed record, read as the type its topic carries."""
         return self.codec.decode(self.topology.record_of(tp_of(msg)[0]), msg.value(),
                                  msg.headers())
+
+    def decode_as(self, kind: type[R], msg: Message) -> R:
+        """A consumed record as the TypedDict ``kind`` of :mod:`schemas.records`, so its
+        keys are checked: a stage names what its input topic carries (a record of another
+        type is a :class:`DecodeError`, as the codec checks the writer's record)."""
+        return self.codec.decode_as(kind, msg.value(), msg.headers())
+
+    def decode_job(self, msg: Message) -> CrawlJob:
+        """A consumed frontier, retry or parked record."""
+        return self.decode_as(CrawlJob, msg)
 
     def undecodable(self, msg: Message, exc: DecodeError) -> Output:
         """Dead-letter a record no schema can read, keeping its bytes for inspection."""

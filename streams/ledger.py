@@ -25,8 +25,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
+from schemas.records import CrawlJob
 from streams.io import Output
 from streams.offsets import OffsetTracker
 
@@ -50,7 +50,7 @@ class Pending:
     tp: TP
     offset: int
     epoch: int
-    job: dict[str, Any]
+    job: CrawlJob
     key: str
     park_key: bytes | None = None
     allowed_by: object | None = None  # robots rules already checked at dispatch: allowed

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+import textwrap
 import typing
 from datetime import datetime
 from pathlib import Path
@@ -19,6 +22,7 @@ from schemas import records
 from schemas.topics import Topology
 
 SCHEMA_DIR = Path(records.__file__).parent
+ROOT = Path(__file__).resolve().parents[2]
 _PRIMITIVE: dict[str, Any] = {"string": str, "int": int, "long": int, "double": float,
                               "float": float, "boolean": bool, "bytes": bytes}
 
@@ -81,3 +85,61 @@ def test_a_mismatch_is_caught() -> None:
     assert _expected(["null", "string"]) != int | None
     assert _expected({"type": "array", "items": "string"}) != list[int]
     assert _expected({"type": "long", "logicalType": "timestamp-millis"}) is not int
+
+
+_GOOD = """
+    from confluent_kafka import Message
+
+    from schemas.records import CrawlJob, FetchResult
+    from schemas.topics import Topology
+    from streams.io import Encoder
+
+    enc = Encoder(Topology(), "test")
+    job: CrawlJob = {"url": "https://example.com/", "target": "example.com",
+                     "profile": "desktop", "depth": 0, "attempt": 0, "parent_url": None,
+                     "last_error": None, "priority": 0, "meta": {}, "delay_ms": 0}
+    enc.job("crawl.frontier", job)
+    enc.dead(job, None, "crawl.frontier", "internal", "boom", 1)
+
+
+    def url_of(msg: Message) -> str:
+        return enc.decode_as(FetchResult, msg)["job"]["url"]
+"""
+
+_BAD = """
+    from confluent_kafka import Message
+
+    from schemas.records import FetchResult
+    from schemas.topics import Topology
+    from streams.io import Encoder
+
+    enc = Encoder(Topology(), "test")
+    enc.job("crawl.frontier", {"url": "https://example.com/", "target": "example.com",
+                               "profile": "desktop", "depth": 0, "attempt": 0,
+                               "parent_url": None, "last_eror": None, "priority": 0,
+                               "meta": {}, "delay_ms": 0})
+
+
+    def url_of(msg: Message) -> str:
+        return enc.decode_as(FetchResult, msg)["job"]["ulr"]
+"""
+
+
+def test_mypy_checks_the_keys_of_records_the_stages_pass(tmp_path: Path) -> None:
+    """The point of the TypedDicts: a misspelt key of a record handed to the Encoder, or read
+    from a decoded one, is a mypy error (with the project's strict config), and a correct
+    record is not."""
+    (tmp_path / "good_records.py").write_text(textwrap.dedent(_GOOD))
+    (tmp_path / "bad_records.py").write_text(textwrap.dedent(_BAD))
+    mypy = Path(sys.executable).parent / "mypy"
+    out = subprocess.run([str(mypy), "--config-file", str(ROOT / "pyproject.toml"),
+                          "--cache-dir", str(tmp_path / "cache"),
+                          str(tmp_path / "good_records.py"), str(tmp_path / "bad_records.py")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    report = out.stdout + out.stderr
+    errors = [line for line in out.stdout.splitlines() if ": error:" in line]
+    assert not [e for e in errors if "good_records.py" in e], report
+    assert any('Extra key "last_eror"' in e and "[typeddict-unknown-key]" in e
+               for e in errors), report
+    assert any('Missing key "last_error"' in e for e in errors), report
+    assert any('has no key "ulr"' in e and "[typeddict-item]" in e for e in errors), report
