@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from confluent_kafka import Message
 
+from schemas.records import ParsedPage
 from schemas.topics import StageSpec, TopicDecl, register_stage
 from streams.batch_stage import BatchStage
 from streams.io import Output
@@ -18,7 +19,8 @@ class ArchiveStage(BatchStage):
     stage = "archive"
 
     def handle(self, msg: Message) -> list[Output]:
-        page = self.encoder.decode(msg)  # an unreadable record is dead-lettered by the runtime
+        # An unreadable record raises DecodeError: the runtime dead-letters it.
+        page = self.encoder.decode_as(ParsedPage, msg)
         return [self.encoder.record(self.topology.prefix + ARCHIVE, page["target"],
                                     page["dedupe_key"].encode(), page)]
 
