@@ -3,7 +3,7 @@
     python -m bench.cost_bench [--pages 10000] [--hosts 8] [--page-bytes 12000]
                                [--out infra/costs.json]
 
-Crawls a generated site (``infra.demo_site.bench_spec``, uncapped so the figures are the
+Crawls a generated site (``sites.demo_site.bench_spec``, uncapped so the figures are the
 pipeline's, not the caps') with ``crawlfleet crawl``'s own code path, on the local broker, and
 measures, per page stored: CPU seconds of each stage's processes and of the broker (from
 /proc: user + system, the processes' whole lives), bytes written to each topic (the run's log
@@ -35,12 +35,12 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from bench.crawl_bench import _descendants
-from crawlfleet.config import load_settings
+from core.config import load_settings
 from crawlfleet.crawl import Plan, run_crawl
 from infra import kafka_local
 from infra.clickhouse import Store
-from infra.demo_site import DemoSite, bench_spec, free_port, shape_spec
 from infra.topics import delete_topics
+from sites.demo_site import DemoSite, bench_spec, free_port, shape_spec
 
 TICKS = os.sysconf("SC_CLK_TCK")
 REPO = Path(__file__).resolve().parent.parent

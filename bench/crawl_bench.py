@@ -4,7 +4,7 @@
                                 [--repeat 3] [--warmup-pages 2000]
                                 [--skip-crawlfleet] [--json-out bench/out/crawl_bench.json]
 
-The site (``infra.demo_site.bench_spec``) runs in a thread of *this* process, and every crawler
+The site (``sites.demo_site.bench_spec``) runs in a thread of *this* process, and every crawler
 runs as its own subprocess, so no crawler's CPU time or memory includes the site's. Each
 crawler gets a fresh server (fresh counters) for every run. Runs are interleaved in rounds
 (bare aiohttp, Scrapy, crawlfleet; ``--repeat`` rounds) so a slow phase of a shared machine
@@ -37,7 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.peers import REPO_ROOT, PeerResult, run_bare_aiohttp, run_scrapy
-from infra.demo_site import DemoSite, SiteSpec, bench_spec
+from sites.demo_site import DemoSite, SiteSpec, bench_spec
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 

@@ -5,7 +5,7 @@
                                  [--skip-scrapy] [--skip-crawlfleet]
                                  [--json-out bench/out/polite_bench.json]
 
-Every host of the local site (``infra.demo_site.bench_spec``) has the same cap of ``--cap``
+Every host of the local site (``sites.demo_site.bench_spec``) has the same cap of ``--cap``
 requests/s, so a crawler that keeps every host busy right up to its cap fetches at
 ``hosts x cap`` requests/s (the sum of caps) and no faster. Each crawler is told that cap in
 its own terms:
@@ -73,7 +73,7 @@ from bench.crawl_bench import (
 )
 from bench.peers import PeerResult
 from bench.polite_peers import run_polite_scrapy, scrapy_polite_settings
-from infra.demo_site import DemoSite, SiteSpec, bench_spec, canonical_url, free_port
+from sites.demo_site import DemoSite, SiteSpec, bench_spec, canonical_url, free_port
 
 #: requests crawlfleet may send beyond the cap in any closed 1 s window (see module docstring)
 DECLARED_BURST = 1

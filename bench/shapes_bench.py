@@ -8,7 +8,7 @@
 
 One site shape says little about a crawler: a throughput figure from eight equal hosts hides
 what few hosts, many failing hosts, a deep chain or one huge host beside small ones do to it.
-Each shape (``infra.demo_site.shape_spec``) gets a fresh server per run, in a thread of this
+Each shape (``sites.demo_site.shape_spec``) gets a fresh server per run, in a thread of this
 process; every crawler runs as its own subprocess at the same concurrency, in interleaved
 rounds as in ``bench.crawl_bench``. The site's request log is the referee: every expected
 page answered exactly once with its final status (a 503 or 429 is a deferral, asked again),
@@ -69,7 +69,7 @@ from bench.peers import (
     run_scrapy,
 )
 from bench.polite_peers import scrapy_polite_settings
-from infra.demo_site import (
+from sites.demo_site import (
     SHAPES,
     USER_AGENT,
     DemoSite,
@@ -469,7 +469,7 @@ def _delete_leftover_topics(data_dir: Path, console: Console) -> None:
     prefixes = [d.name + "." for d in logs.iterdir() if d.is_dir()] if logs.is_dir() else []
     for prefix in prefixes:
         try:
-            from crawlfleet.config import load_settings
+            from core.config import load_settings
             from crawlfleet.crawl import resolve_bootstrap
             from infra.topics import delete_topics
 

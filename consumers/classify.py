@@ -16,8 +16,8 @@ from enum import Enum
 import aiohttp
 from aiohttp import http_exceptions as hx
 
-from crawlfleet.config import MAX_RETRY_DELAY_S
-from crawlfleet.errors import (
+from core.config import MAX_RETRY_DELAY_S
+from core.errors import (
     ConnectError,
     CrawlfleetError,
     FetchTimeoutError,

@@ -54,8 +54,8 @@ from consumers.robots_cache import RobotsCache
 from consumers.scheduler import TargetScheduler
 from consumers.seen import SeenStore
 from consumers.target_policy import TargetPolicy
-from crawlfleet.config import Settings
-from crawlfleet.errors import (
+from core.config import Settings
+from core.errors import (
     CrawlfleetError,
     KafkaStageError,
 )

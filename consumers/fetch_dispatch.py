@@ -25,8 +25,8 @@ from consumers.robots import UNREACHABLE_RETRY_S
 from consumers.robots_cache import RobotsCache
 from consumers.scheduler import TargetScheduler
 from consumers.target_policy import TargetPolicy
-from crawlfleet.config import Settings
-from crawlfleet.errors import CrawlfleetError, RobotsDisallowedError
+from core.config import Settings
+from core.errors import CrawlfleetError, RobotsDisallowedError
 from schemas.topics import Topology
 from streams.control import ControlState
 from streams.ledger import Ledger, Pending

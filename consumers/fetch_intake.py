@@ -23,9 +23,9 @@ from consumers.scheduler import TargetScheduler
 from consumers.scope import OUT_OF_SCOPE, REROUTE, recheck
 from consumers.seen import SeenStore
 from consumers.target_policy import TargetPolicy
-from crawlfleet.config import Settings
-from crawlfleet.errors import DecodeError, InvalidURLError
-from crawlfleet.urls import canonicalize, target_of
+from core.config import Settings
+from core.errors import DecodeError, InvalidURLError
+from core.urls import canonicalize, target_of
 from producers.lineage import DUPLICATE, PARKED, lineage_event
 from producers.replay import job_dedupe_key
 from schemas.records import CrawlJob

@@ -13,8 +13,8 @@ from confluent_kafka import Message, TopicPartition
 
 from consumers.parking import ParkedQueues, encode_job
 from consumers.seen import SeenStore
-from crawlfleet.config import Settings
-from crawlfleet.errors import DecodeError
+from core.config import Settings
+from core.errors import DecodeError
 from schemas.topics import Topology
 from streams.io import Encoder, stable_committed
 from streams.ledger import CommitBatch

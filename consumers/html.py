@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from selectolax.lexbor import LexborHTMLParser
 from w3lib.encoding import html_to_unicode, http_content_type_encoding
 
-from crawlfleet.urls import resolve_link
+from core.urls import resolve_link
 
 MAX_TEXT_CHARS = 65536
 MAX_LINKS = 2000

@@ -26,8 +26,8 @@ from aiohttp.abc import AbstractResolver
 
 from consumers.classify import classify_exception
 from consumers.resolver import GuardedResolver
-from crawlfleet.config import Settings
-from crawlfleet.errors import (
+from core.config import Settings
+from core.errors import (
     CrawlfleetError,
     DecompressionBombError,
     FetchTimeoutError,
@@ -37,7 +37,7 @@ from crawlfleet.errors import (
     ResponseTooLargeError,
     TooManyRedirectsError,
 )
-from crawlfleet.urls import AddressPolicy, canonicalize, ends_in_number
+from core.urls import AddressPolicy, canonicalize, ends_in_number
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 #: A compressed body that inflates more than this many times its wire size (as read so far,

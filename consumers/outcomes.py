@@ -16,15 +16,15 @@ from consumers.classify import Signal, Verdict, classify_status
 from consumers.http_fetch import REDIRECT_STATUSES, Response
 from consumers.scope import follow
 from consumers.seen import DEAD, DONE, RETRYING
-from crawlfleet.config import Settings
-from crawlfleet.errors import (
+from core.config import Settings
+from core.errors import (
     ConnectError,
     CrawlfleetError,
     FetchTimeoutError,
     TruncatedBodyError,
 )
-from crawlfleet.urls import resolve_link, target_of
-from crawlfleet.versions import FETCHER_VERSION, HTTP_LIB_VERSION, TLS_LIB_VERSION
+from core.urls import resolve_link, target_of
+from core.versions import FETCHER_VERSION, HTTP_LIB_VERSION, TLS_LIB_VERSION
 from producers.lineage import ENQUEUED, lineage_event
 from producers.replay import REDIRECT_HOPS, without_replay
 from schemas.records import CrawlJob, FetchEvent, FetchResult, Seen, SeenState

@@ -16,8 +16,8 @@ from confluent_kafka import Message
 
 from consumers.html import extract
 from consumers.scope import follow
-from crawlfleet.errors import CrawlfleetError, InternalError
-from crawlfleet.urls import dedupe_key, target_of
+from core.errors import CrawlfleetError, InternalError
+from core.urls import dedupe_key, target_of
 from producers.lineage import ENQUEUED, lineage_event
 from producers.replay import REDIRECT_HOPS, without_replay
 from schemas.records import CrawlJob, FetchResult, ParsedPage

@@ -14,8 +14,8 @@ import socket
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
-from crawlfleet.errors import ForbiddenAddressError
-from crawlfleet.urls import AddressPolicy, refusal_message
+from core.errors import ForbiddenAddressError
+from core.urls import AddressPolicy, refusal_message
 
 
 class GuardedResolver(AbstractResolver):

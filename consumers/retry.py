@@ -36,7 +36,7 @@ from confluent_kafka import (
 )
 
 from consumers import timers
-from crawlfleet.errors import DecodeError
+from core.errors import DecodeError
 from producers.lineage import RELEASED, lineage_event
 from schemas.records import CrawlJob
 from schemas.topics import HEADER_SCHEMA, RETRY_DELAYS_S

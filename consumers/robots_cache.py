@@ -16,12 +16,12 @@ from consumers.robots import (
     refused_rules,
     rules_from_response,
 )
-from crawlfleet.errors import (
+from core.errors import (
     CrawlfleetError,
     ForbiddenAddressError,
     ForbiddenRedirectError,
 )
-from crawlfleet.urls import origin_of
+from core.urls import origin_of
 
 
 class RobotsCache:

@@ -30,8 +30,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import CrawlfleetError
+from core.config import Settings
+from core.errors import CrawlfleetError
 from infra.clickhouse import Store
 from infra.lag import LagProbe
 from infra.live_state import live_entries

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from crawlfleet.urls import target_of
+from core.urls import target_of
 from schemas.records import CrawlJob
 
 #: :func:`recheck` verdicts.

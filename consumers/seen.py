@@ -51,8 +51,8 @@ from rocksdict import (
     WriteOptions,
 )
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import DecodeError, InfraError
+from core.config import Settings
+from core.errors import DecodeError, InfraError
 from schemas.codec import Codec, HeadersIn
 from schemas.records import Seen
 from streams.io import raw_value

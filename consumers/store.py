@@ -38,8 +38,8 @@ from confluent_kafka import (
 )
 
 from consumers.sampler import QueueSampler
-from crawlfleet.config import Settings
-from crawlfleet.errors import DecodeError, InfraError, KafkaStageError
+from core.config import Settings
+from core.errors import DecodeError, InfraError, KafkaStageError
 from infra.clickhouse import (
     DEAD_COLUMNS,
     EVENT_COLUMNS,

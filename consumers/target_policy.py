@@ -27,8 +27,8 @@ from consumers.classify import Signal
 from consumers.parking import share_of
 from consumers.robots_cache import RobotsCache
 from consumers.scheduler import TargetScheduler
-from crawlfleet.config import Settings
-from crawlfleet.windows import parse_windows, seconds_until_open
+from core.config import Settings
+from core.windows import parse_windows, seconds_until_open
 
 #: A target deferred at least this long sends its queued jobs to disk until it may go again.
 SPILL_AFTER_S = 10.0

@@ -1,3 +1,5 @@
 """crawlfleet: a polite, fault-tolerant, distributed web-crawl pipeline on Kafka."""
 
-__version__ = "0.1.0"
+from core import __version__
+
+__all__ = ["__version__"]

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import DecodeError, InfraError
+from core.config import Settings
+from core.errors import DecodeError, InfraError
 from schemas.topics import Topology
 from streams.io import Encoder
 

@@ -37,12 +37,12 @@ from pathlib import Path
 
 from rich.console import Console
 
+from core.errors import InfraError
 from crawlfleet.chaos_cluster import BASE_PORT, chaos_cluster
 from crawlfleet.chaos_report import ChaosReport
 from crawlfleet.chaos_run import ChaosRound, RoundSpec, baseline_of, round_settings
-from crawlfleet.errors import InfraError
 from crawlfleet.fault_plan import BROKER_KILL, PlannedFault
-from infra.demo_site import DemoSite, bench_spec, free_port
+from sites.demo_site import DemoSite, bench_spec, free_port
 
 SITE_HOSTS = 8
 #: With 3 nodes, one broker goes down once this share of the pages has been requested.

@@ -13,11 +13,11 @@ import contextlib
 import socket
 import time
 
+from core.config import Settings
+from core.errors import InfraError
 from crawlfleet.chaos_report import Kill, Phase, kill_window, pages_in_window
-from crawlfleet.config import Settings
-from crawlfleet.errors import InfraError
 from infra.clickhouse import PORT_FILE, run_query
-from infra.demo_site import DemoSite, canonical_url
+from sites.demo_site import DemoSite, canonical_url
 
 
 def wait_for_store(settings: Settings, timeout_s: float = 60.0) -> None:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from crawlfleet.errors import InfraError
+from core.errors import InfraError
 from infra import kafka_local
 
 #: First base port of a one-off chaos run's cluster by node count (the tests' defaults).

@@ -32,6 +32,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from core.config import Settings
+from core.errors import CrawlfleetError, InfraError
 from crawlfleet.broker_trace import committed_repeats
 from crawlfleet.chaos_audit import (
     kill_phase,
@@ -41,10 +43,8 @@ from crawlfleet.chaos_audit import (
     wait_for_store,
 )
 from crawlfleet.chaos_report import ChaosReport, FaultRecord, Kill
-from crawlfleet.config import Settings
 from crawlfleet.crawl import Fleet, Plan, wait_ready
 from crawlfleet.drain import DrainCheck, broker_state
-from crawlfleet.errors import CrawlfleetError, InfraError
 from crawlfleet.evidence import keep_evidence
 from crawlfleet.exposure import Exposure, repeats_by_fault
 from crawlfleet.fault_inject import (
@@ -70,10 +70,10 @@ from crawlfleet.fault_plan import (
     StageCycle,
 )
 from crawlfleet.loss_check import check_run
-from infra.demo_site import DemoSite, SiteSpec
 from infra.topics import create_topics, topology_of
 from producers.frontier import PublishReport, jobs_from_lines, publish
 from schemas.topics import declared_modules, declared_topics
+from sites.demo_site import DemoSite, SiteSpec
 from streams.status import read_statuses
 
 #: Stop killing once this share of the expected pages has been requested: the tail of the

@@ -15,14 +15,14 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
-from crawlfleet.config import (
+from core.config import (
     ENV_PREFIX,
     SETTING_DEFAULTS,
     Settings,
     load_settings,
     route_kafka_logs,
 )
-from crawlfleet.errors import CrawlfleetError
+from core.errors import CrawlfleetError
 
 
 class _Command(TyperCommand):
@@ -309,7 +309,7 @@ def _reach_cluster(s: Settings, stop: Any, stage: str, name: str) -> Settings | 
     """``s`` on its cluster (as :func:`_on_cluster`) once a broker answers; None if the
     worker was stopped while waiting. The wait shows in the worker's status file (and its
     metrics, when served) under the worker's own name."""
-    from crawlfleet.errors import InfraError
+    from core.errors import InfraError
     from streams.status import StatusFile
     from streams.worker import wait_for_kafka
     waiting = StatusFile(s.status_dir, stage, name)
@@ -603,7 +603,7 @@ def sql_cmd(query: Annotated[str | None, typer.Argument(
 
     from rich.markup import escape
 
-    from crawlfleet.errors import QueryError
+    from core.errors import QueryError
     from infra.clickhouse import run_query
     from infra.views import expand, load_views, parse_duration
     views = load_views()
@@ -896,7 +896,7 @@ def demo_site_cmd(port: Annotated[int, typer.Option(
                   seeds_file: Annotated[Path | None, typer.Option(
                       help="Write the seed URLs here. [default: none]")] = None) -> None:
     """Serve the small multi-host demo site on loopback until interrupted."""
-    from infra.demo_site import demo_spec, serve_forever
+    from sites.demo_site import demo_spec, serve_forever
     spec = demo_spec(port)
     if seeds_file:
         seeds_file.write_text("\n".join(spec.seeds()) + "\n")
@@ -914,7 +914,7 @@ def demo_cmd(port: Annotated[int, typer.Option(
     """Serve the demo site, crawl it end to end, and show what was stored."""
     from crawlfleet import crawl
     from infra.clickhouse import run_query
-    from infra.demo_site import DemoSite, demo_spec
+    from sites.demo_site import DemoSite, demo_spec
     spec = demo_spec(port)
     try:
         s = _settings(None, data_dir=data_dir, allow_private=True, rate_cap=rate_cap)

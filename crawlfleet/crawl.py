@@ -25,8 +25,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from crawlfleet.config import Secret, Settings
-from crawlfleet.errors import InfraError
+from core.config import Secret, Settings
+from core.errors import InfraError
 from crawlfleet.health import HeldWork, StallWatch, read_held_work, stalls
 from infra import kafka_local
 from infra.clickhouse import run_query

@@ -14,9 +14,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import ConfigError
-from crawlfleet.urls import dedupe_key
+from core.config import Settings
+from core.errors import ConfigError
+from core.urls import dedupe_key
 from infra.clickhouse import run_query
 from infra.views import parse_duration
 from producers.replay import ReplayReport, publish_replays, replay_id, replay_job

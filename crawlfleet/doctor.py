@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import CrawlfleetError
+from core.config import Settings
+from core.errors import CrawlfleetError
 from crawlfleet.health import DEAD, WAITING, worker_state
 
 OK, WARN, FAIL, NA = "ok", "warn", "FAIL", "n/a"
@@ -287,8 +287,8 @@ def seen_retention_ms(s: Settings) -> int | None:
     from confluent_kafka.admin import AdminClient
     from confluent_kafka.admin._config import ConfigResource  # not re-exported for mypy
 
+    from core.errors import InfraError
     from crawlfleet.crawl import resolve_bootstrap
-    from crawlfleet.errors import InfraError
     from infra.topics import topology_of
 
     s = resolve_bootstrap(s, start_local=False)

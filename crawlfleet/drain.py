@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from crawlfleet.config import Settings
+from core.config import Settings
+from core.errors import InfraError
 from crawlfleet.crawl import IDLE_S, Fleet
-from crawlfleet.errors import InfraError
 from infra.lag import LagProbe
 from infra.live_state import LiveEntries, live_entries
 from schemas.topics import Topology, stages

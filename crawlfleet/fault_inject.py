@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from core.config import Settings
+from core.errors import CrawlfleetError
 from crawlfleet.chaos_report import FaultRecord
-from crawlfleet.config import Settings
 from crawlfleet.crawl import settings_env
-from crawlfleet.errors import CrawlfleetError
 from crawlfleet.fault_plan import ROLLING_RESTART, STATE_WIPE, STORE_RESTART
 from infra import kafka_local
 

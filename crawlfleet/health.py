@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from crawlfleet.config import Settings
+from core.config import Settings
 from infra.live_state import LiveEntries, live_entries
 from infra.topics import topology_of
 from streams.status import status_alive

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crawlfleet.errors import ConfigError
+from core.errors import ConfigError
 
 COSTS = Path(__file__).resolve().parent.parent / "infra" / "costs.json"
 STAGE_ORDER = ("fetch", "parse", "store", "retry")

@@ -34,12 +34,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from core.config import Settings
+from core.errors import ConfigError, InfraError
 from crawlfleet.chaos import crawl_round
 from crawlfleet.chaos_cluster import SOAK_BASE_PORT, chaos_cluster
 from crawlfleet.chaos_report import ChaosReport, print_report
 from crawlfleet.chaos_run import RoundError, RoundSpec
-from crawlfleet.config import Settings
-from crawlfleet.errors import ConfigError, InfraError
 from crawlfleet.fault_plan import FAULT_KINDS, HEAVY, plan_round, usable_kinds
 from infra.topics import delete_topics
 

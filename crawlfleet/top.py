@@ -28,10 +28,10 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import CrawlfleetError
+from core.config import Settings
+from core.errors import CrawlfleetError
+from core.timefmt import clock_utc
 from crawlfleet.health import HeldWork, read_held_work, stalls
-from crawlfleet.timefmt import clock_utc
 from infra.clickhouse import run_query
 from infra.lag import LagProbe
 from infra.topics import topology_of

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from crawlfleet.config import Settings
+from core.config import Settings
+from core.timefmt import iso_utc
+from core.urls import canonicalize, dedupe_key
 from crawlfleet.dlq import select
-from crawlfleet.timefmt import iso_utc
-from crawlfleet.urls import canonicalize, dedupe_key
 
 #: Order of events stamped in the same millisecond: a job's life runs this way.
 _RANK = {"enqueued": 0, "duplicate": 1, "parked": 2, "fetched": 3, "retried": 3, "failed": 3,

@@ -43,9 +43,9 @@ import clickhouse_connect
 from clickhouse_connect.driver.exceptions import ClickHouseError
 from clickhouse_connect.driver.insert import InsertContext
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import ConfigError, InfraError, QueryError, RetryableError
-from crawlfleet.timefmt import iso_utc
+from core.config import Settings
+from core.errors import ConfigError, InfraError, QueryError, RetryableError
+from core.timefmt import iso_utc
 from infra.cluster_schema import cluster_statements
 
 log = logging.getLogger("crawlfleet.clickhouse")

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from crawlfleet.errors import ConfigError
+from core.errors import ConfigError
 
 SQL_DIR = Path(__file__).parent / "sql"
 SOURCES = ("schema.sql", "dashboards.sql")

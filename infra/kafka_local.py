@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from crawlfleet.errors import InfraError
+from core.errors import InfraError
 
 DEFAULT_BASE_PORT = 19092
 HOST = "127.0.0.1"

@@ -7,7 +7,7 @@ from concurrent.futures import Future
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from crawlfleet.config import Settings
+from core.config import Settings
 from schemas.topics import Topology, stages
 
 

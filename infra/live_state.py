@@ -30,8 +30,8 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import InfraError
+from core.config import Settings
+from core.errors import InfraError
 
 
 @dataclass

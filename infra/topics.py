@@ -12,8 +12,8 @@ from confluent_kafka import KafkaError, KafkaException
 # confluent-kafka 2.16's typed admin package re-exports NewTopic without marking it public.
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from crawlfleet.config import DEFAULT_PARTITIONS, Settings
-from crawlfleet.errors import InfraError
+from core.config import DEFAULT_PARTITIONS, Settings
+from core.errors import InfraError
 from schemas.topics import Topology
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from crawlfleet.errors import ConfigError
+from core.errors import ConfigError
 
 VIEWS_DIR = Path(__file__).with_name("sql") / "views"
 GRAFANA_JSON = Path(__file__).with_name("grafana") / "crawlfleet.json"

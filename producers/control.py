@@ -9,8 +9,8 @@ from confluent_kafka import (
     Producer,
 )
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import KafkaStageError
+from core.config import Settings
+from core.errors import KafkaStageError
 from infra.topics import topology_of
 from schemas.records import Control
 from streams.control import cap_key, pause_key

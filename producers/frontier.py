@@ -15,9 +15,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import ConfigError, CrawlfleetError, InvalidURLError, KafkaStageError
-from crawlfleet.urls import canonicalize, dedupe_key, target_of
+from core.config import Settings
+from core.errors import ConfigError, CrawlfleetError, InvalidURLError, KafkaStageError
+from core.urls import canonicalize, dedupe_key, target_of
 from infra.topics import missing_topics, topology_of
 from producers.lineage import ENQUEUED, lineage_event
 from schemas.records import CrawlJob

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import time
 
-from crawlfleet import __version__
-from crawlfleet.urls import dedupe_key
+from core import __version__
+from core.urls import dedupe_key
 from schemas.records import CrawlJob, LineageEvent
 from streams.io import Encoder, Output, job_key
 

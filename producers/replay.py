@@ -27,9 +27,9 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import KafkaStageError
-from crawlfleet.urls import dedupe_key
+from core.config import Settings
+from core.errors import KafkaStageError
+from core.urls import dedupe_key
 from infra.topics import topology_of
 from producers.frontier import produce_patiently
 from producers.lineage import ENQUEUED, lineage_event

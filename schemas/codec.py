@@ -21,7 +21,7 @@ from typing import Any, TypeVar, cast
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from crawlfleet.errors import DecodeError
+from core.errors import DecodeError
 from schemas.topics import HEADER_SCHEMA
 
 SCHEMA_DIR = Path(__file__).parent

@@ -8,4 +8,4 @@ lives in ``consumers/`` and holds none of Kafka's plumbing.
 
 faust-streaming analytics (windowed counters where at-least-once is safe) would live here
 in a module of their own; none is used yet: every window the stages keep is exact and
-in-process (``crawlfleet.windows``)."""
+in-process (``core.windows``)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from crawlfleet.config import Settings
+from core.config import Settings
 from infra.lag import LagProbe
 from infra.topics import topology_of
 from schemas.codec import default_codec

@@ -13,8 +13,8 @@ from typing import ClassVar
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import DecodeError, FatalError, KafkaStageError
+from core.config import Settings
+from core.errors import DecodeError, FatalError, KafkaStageError
 from infra.topics import topology_of
 from streams.committer import FencedError, TxnCommitter
 from streams.io import (

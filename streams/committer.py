@@ -25,8 +25,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import CrawlfleetError, KafkaStageError
+from core.config import Settings
+from core.errors import CrawlfleetError, KafkaStageError
 from streams import faults
 from streams.io import Output, producer_conf, transaction_timeout_ms
 

@@ -21,8 +21,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import DecodeError
+from core.config import Settings
+from core.errors import DecodeError
 from schemas.codec import Codec, HeadersIn
 from schemas.records import Control
 from streams.io import consume_ready, raw_value

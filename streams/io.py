@@ -14,9 +14,9 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
-from crawlfleet import __version__
-from crawlfleet.config import Settings
-from crawlfleet.errors import DecodeError
+from core import __version__
+from core.config import Settings
+from core.errors import DecodeError
 from schemas.codec import Codec, Headers, R, default_codec
 from schemas.records import Control, CrawlJob, DeadLetter
 from schemas.topics import Topology, partition_for

@@ -21,9 +21,9 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import ConfigError
-from crawlfleet.versions import version_labels
+from core.config import Settings
+from core.errors import ConfigError
+from core.versions import version_labels
 
 log = logging.getLogger("crawlfleet.metrics")
 

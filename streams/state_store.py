@@ -34,8 +34,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from confluent_kafka.admin import AdminClient
 from rocksdict import DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import InfraError
+from core.config import Settings
+from core.errors import InfraError
 from infra.live_state import high_watermarks
 from streams.io import consume_ready, tp_of
 

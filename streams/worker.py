@@ -19,7 +19,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
-from crawlfleet.config import Settings
+from core.config import Settings
 from infra import kafka_local
 from streams.status import StatusFile
 

@@ -51,5 +51,5 @@ def _kafka_logs_unrouted() -> Iterator[None]:
     """A CLI command run in-process routes librdkafka's lines for the whole process
     (``route_kafka_logs``): undo it, so each test's clients log as a worker's do."""
     yield
-    from crawlfleet.config import route_kafka_logs
+    from core.config import route_kafka_logs
     route_kafka_logs(None)

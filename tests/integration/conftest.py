@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from fleet_helpers import Workers
 
-from crawlfleet.config import Settings, load_settings
+from core.config import Settings, load_settings
+from core.errors import InfraError
 from crawlfleet.crawl import Fleet, Plan
-from crawlfleet.errors import InfraError
 from infra import kafka_local
-from infra.demo_site import free_port
 from infra.topics import create_topics, delete_topics
+from sites.demo_site import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_PORT = 28092  # below the ephemeral port range, like every broker port here

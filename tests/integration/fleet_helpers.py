@@ -28,9 +28,9 @@ from aiohttp import web
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from crawlfleet.config import Settings
+from core.config import Settings
+from core.errors import CrawlfleetError
 from crawlfleet.crawl import settings_env
-from crawlfleet.errors import CrawlfleetError
 from infra.clickhouse import PORT_FILE, query_owner, run_query
 from infra.lag import LagProbe
 from infra.topics import create_topics, topology_of
@@ -306,7 +306,7 @@ def query(settings: Settings, sql: str) -> list[list[Any]]:
 def query_offline(settings: Settings, sql: str) -> list[list[Any]]:
     """Rows of ``sql`` while no store worker runs (e.g. it was killed): a short-lived child
     process opens the chDB path and exits, so the test process never holds chDB's lock."""
-    code = ("import json, sys; from crawlfleet.config import load_settings; "
+    code = ("import json, sys; from core.config import load_settings; "
             "from infra.clickhouse import run_query; "
             "print(json.dumps(run_query(load_settings(), sys.argv[1])[1], default=str))")
     env = {**os.environ, **settings_env(settings)}

@@ -27,12 +27,12 @@ from fleet_helpers import (
     wait_until,
 )
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import DecodeError
-from infra.demo_site import free_port
+from core.config import Settings
+from core.errors import DecodeError
 from infra.topics import topology_of
 from schemas.codec import default_codec
 from schemas.topics import HEADER_SCHEMA
+from sites.demo_site import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -22,11 +22,11 @@ from fleet_helpers import (
     wait_until,
 )
 
-from crawlfleet.config import Settings
-from infra.demo_site import free_port
+from core.config import Settings
 from infra.topics import create_topics, topology_of
 from producers import control
-from tests.integration.behaviour_site import Behaviour, BehaviourSite
+from sites.behaviour_site import Behaviour, BehaviourSite
+from sites.demo_site import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from crawlfleet.config import Settings
+from core.config import Settings
 from infra.clickhouse import Store
-from infra.demo_site import DemoSite, demo_spec
 from infra.topics import create_topics
+from sites.demo_site import DemoSite, demo_spec
 
 pytestmark = pytest.mark.integration
 

@@ -10,11 +10,11 @@ from collections.abc import Callable
 import pytest
 from rich.console import Console
 
-from crawlfleet.config import Settings
+from core.config import Settings
 from crawlfleet.crawl import Plan, Summary, run_crawl
 from infra.clickhouse import run_query
-from infra.demo_site import DemoSite, bench_spec
 from producers import control
+from sites.demo_site import DemoSite, bench_spec
 
 pytestmark = pytest.mark.integration
 

@@ -12,12 +12,12 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from protego import Protego
 
-from crawlfleet.config import Settings
+from core.config import Settings
 from crawlfleet.crawl import Plan, run_crawl
 from infra.clickhouse import run_query
-from infra.demo_site import USER_AGENT, DemoSite, demo_spec
 from infra.topics import topology_of
 from infra.views import expand, load_views
+from sites.demo_site import USER_AGENT, DemoSite, demo_spec
 
 pytestmark = pytest.mark.integration
 

@@ -26,10 +26,10 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import InfraError
-from infra.demo_site import DemoSite, SiteSpec, demo_spec
+from core.config import Settings
+from core.errors import InfraError
 from infra.topics import NamespaceTakenError, create_topics, delete_topics, topology_of
+from sites.demo_site import DemoSite, SiteSpec, demo_spec
 
 pytestmark = pytest.mark.integration
 

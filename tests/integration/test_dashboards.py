@@ -21,12 +21,12 @@ from fleet_helpers import (
     wait_until,
 )
 
-from crawlfleet.config import Settings
+from core.config import Settings
 from crawlfleet.crawl import settings_env
 from infra.clickhouse import run_query
-from infra.demo_site import free_port
 from infra.views import GRAFANA_JSON, expand, load_views
-from tests.integration.behaviour_site import Behaviour, BehaviourSite
+from sites.behaviour_site import Behaviour, BehaviourSite
+from sites.demo_site import free_port
 
 pytestmark = pytest.mark.integration
 

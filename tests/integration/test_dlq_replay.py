@@ -7,9 +7,10 @@ from collections.abc import Callable
 
 import pytest
 
+from core.config import Settings
+from core.urls import canonicalize
 from crawlfleet import dlq
-from crawlfleet.config import Settings
-from crawlfleet.urls import canonicalize
+from sites.scripted_site import ScriptedSite, page, status
 from tests.integration.fleet_helpers import (
     Workers,
     create_all_topics,
@@ -19,7 +20,6 @@ from tests.integration.fleet_helpers import (
     wait_drained,
     wait_until,
 )
-from tests.integration.scripted_site import ScriptedSite, page, status
 
 pytestmark = pytest.mark.integration
 

@@ -14,11 +14,11 @@ import sys
 from collections.abc import Callable
 
 import pytest
-from behaviour_site import Behaviour, BehaviourSite
 from fleet_helpers import Workers, create_all_topics, publish_seeds, query, wait_drained
 
-from crawlfleet.config import Settings
+from core.config import Settings
 from crawlfleet.crawl import settings_env
+from sites.behaviour_site import Behaviour, BehaviourSite
 
 pytestmark = pytest.mark.integration
 

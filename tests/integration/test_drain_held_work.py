@@ -17,17 +17,17 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-from behaviour_site import Behaviour, BehaviourSite
 from confluent_kafka import Producer
 from fleet_helpers import create_all_topics, publish_seeds, query, store_ready, wait_until
 from rich.console import Console
 
 from consumers.parking import park_key
-from crawlfleet.config import Settings
+from core.config import Settings
 from crawlfleet.crawl import Fleet, _watch
 from crawlfleet.top import FleetView, render
 from infra.topics import topology_of
 from producers.frontier import PublishReport, jobs_from_lines
+from sites.behaviour_site import Behaviour, BehaviourSite
 from streams.io import Encoder
 from streams.status import holds_work, read_statuses
 

@@ -40,10 +40,10 @@ from fleet_helpers import (
     wait_until,
 )
 
-from crawlfleet.config import Settings
-from infra.demo_site import DemoSite, bench_spec, demo_spec, free_port
+from core.config import Settings
 from infra.topics import topology_of
 from schemas.topics import HEADER_SCHEMA, Topology, partition_for
+from sites.demo_site import DemoSite, bench_spec, demo_spec, free_port
 
 pytestmark = pytest.mark.integration
 

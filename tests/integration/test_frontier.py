@@ -13,13 +13,13 @@ from collections.abc import Callable
 
 import pytest
 
-from crawlfleet.config import Settings
+from core.config import Settings
 from crawlfleet.crawl import Fleet
-from infra.demo_site import free_port
 from producers.frontier import publish
 from schemas.topics import partition_for
+from sites.behaviour_site import Behaviour, BehaviourSite
+from sites.demo_site import free_port
 from streams.status import read_statuses
-from tests.integration.behaviour_site import Behaviour, BehaviourSite
 from tests.integration.fleet_helpers import query, store_ready, wait_until
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,6 @@
 """Crawls of the project's own hostile site, on real parts (broker, stage processes, chDB).
 
-Every trap ends the way ``infra.hostile_site`` declares: stored harmlessly, or
+Every trap ends the way ``sites.hostile_site`` declares: stored harmlessly, or
 dead-lettered / recorded with its failure class. Nothing off scope, disallowed or refused
 by the address policy is ever requested (the site counts every request); the workers'
 memory stays bounded; each crawl drains by itself. Three crawls:
@@ -42,11 +42,11 @@ from fleet_helpers import report
 from rich.console import Console
 from typer.testing import CliRunner
 
+from core.config import Settings
 from crawlfleet.cli import app
-from crawlfleet.config import Settings
 from crawlfleet.crawl import Plan, print_summary, run_crawl
 from infra.clickhouse import run_query
-from infra.hostile_site import (
+from sites.hostile_site import (
     LOCATION_BYTES_TARGET,
     MAIN_SPELLING,
     MARKUP_TITLE,
@@ -134,8 +134,8 @@ def test_the_connect_audit_refuses_off_loopback_before_connecting(audit: Path) -
         import asyncio, socket
         from consumers.fetch import _loop_factory
         from consumers.http_fetch import Fetcher
-        from crawlfleet.config import Settings
-        from crawlfleet.errors import CrawlfleetError
+        from core.config import Settings
+        from core.errors import CrawlfleetError
         try:
             socket.create_connection(("10.255.255.1", 9), timeout=1)
         except PermissionError:

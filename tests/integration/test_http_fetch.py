@@ -16,8 +16,8 @@ import pytest
 from aiohttp import web
 
 from consumers.http_fetch import Fetcher, Response
-from crawlfleet.config import Settings, load_settings
-from crawlfleet.errors import (
+from core.config import Settings, load_settings
+from core.errors import (
     FetchTimeoutError,
     ForbiddenAddressError,
     InvalidURLError,

@@ -16,8 +16,8 @@ import pytest
 
 from consumers.http_fetch import Fetcher
 from consumers.resolver import StaticResolver
-from crawlfleet.config import Settings, load_settings
-from crawlfleet.errors import CrawlfleetError, ForbiddenAddressError
+from core.config import Settings, load_settings
+from core.errors import CrawlfleetError, ForbiddenAddressError
 
 pytestmark = pytest.mark.integration
 
@@ -164,8 +164,8 @@ SPELLINGS = ("2130706433", "127.1", "0177.0.0.1", "127.000.000.001", "127.0.0.1.
 def test_every_spelling_of_a_refused_address_is_refused_and_never_connected() -> None:
     """The crawl allows only 127.0.0.2: each spelling of 127.0.0.1 is canonicalised to it and
     refused -- as a link (canonicalize) and as a raw job URL from an older record."""
-    from crawlfleet.errors import InvalidURLError
-    from crawlfleet.urls import canonicalize
+    from core.errors import InvalidURLError
+    from core.urls import canonicalize
 
     async def body(raw: RawServer, port: int) -> None:
         s = _settings(allow_private=False, allow_hosts=("127.0.0.2",))

@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer
 # 2.16's typed admin package re-exports NewTopic without marking it public.
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from crawlfleet.errors import InfraError
+from core.errors import InfraError
 from infra import kafka_local
 
 pytestmark = pytest.mark.integration

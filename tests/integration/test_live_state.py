@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Producer
 from fleet_helpers import create_all_topics
 
-from crawlfleet.config import Settings
+from core.config import Settings
 from infra.live_state import live_entries
 from infra.topics import topology_of
 

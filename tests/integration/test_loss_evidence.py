@@ -19,16 +19,17 @@ import pytest
 from confluent_kafka import Producer
 from rich.console import Console
 
+from core.config import Settings
+from core.urls import canonicalize
 from crawlfleet.broker_trace import broker_lineage, lineage_lines
 from crawlfleet.chaos_report import ChaosReport
-from crawlfleet.config import Settings
 from crawlfleet.crawl import Fleet, Plan
 from crawlfleet.drain import BrokerState, DrainCheck, broker_state
 from crawlfleet.evidence import keep_evidence
 from crawlfleet.exposure import Bound
 from crawlfleet.loss_check import StoreRows, check
-from crawlfleet.urls import canonicalize
 from infra.topics import create_topics, topology_of
+from sites.scripted_site import ScriptedSite, page
 from streams.io import Encoder, Output
 from tests.integration.fleet_helpers import (
     Workers,
@@ -38,7 +39,6 @@ from tests.integration.fleet_helpers import (
     wait_drained,
     wait_until,
 )
-from tests.integration.scripted_site import ScriptedSite, page
 
 pytestmark = pytest.mark.integration
 

@@ -28,7 +28,7 @@ from fleet_helpers import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from crawlfleet.config import Settings
+from core.config import Settings
 
 pytestmark = pytest.mark.integration
 

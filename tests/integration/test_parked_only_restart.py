@@ -25,11 +25,11 @@ from fleet_helpers import (
     wait_until,
 )
 
-from crawlfleet.config import Settings
-from infra.demo_site import free_port
+from core.config import Settings
 from infra.live_state import live_entries
 from infra.topics import topology_of
-from tests.integration.behaviour_site import Behaviour, BehaviourSite
+from sites.behaviour_site import Behaviour, BehaviourSite
+from sites.demo_site import free_port
 
 pytestmark = pytest.mark.integration
 

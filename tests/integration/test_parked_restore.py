@@ -18,9 +18,9 @@ from fleet_helpers import (
     wait_until,
 )
 
-from crawlfleet.config import Settings
-from infra.demo_site import free_port
-from tests.integration.behaviour_site import Behaviour, BehaviourSite
+from core.config import Settings
+from sites.behaviour_site import Behaviour, BehaviourSite
+from sites.demo_site import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ import time
 from confluent_kafka import Producer
 
 from consumers.parse import ParseStage
-from crawlfleet.config import Settings
-from crawlfleet.urls import dedupe_key
+from core.config import Settings
+from core.urls import dedupe_key
 from infra.topics import topology_of
 from producers.frontier import parse_line
 from streams.io import Encoder, producer_conf

@@ -12,10 +12,10 @@ from collections.abc import Callable
 import pytest
 from aiohttp import web
 
-from crawlfleet.config import Settings
+from core.config import Settings
 from crawlfleet.crawl import Fleet, Plan
-from infra.demo_site import DemoSite, bench_spec
 from producers.frontier import publish
+from sites.demo_site import DemoSite, bench_spec
 
 pytestmark = pytest.mark.integration
 BURST = 1  # declared: at most cap + 1 requests to a target in any 1-second window

@@ -8,9 +8,10 @@ from collections.abc import Callable
 import pytest
 
 from consumers.parse import link_meta
-from crawlfleet.config import Settings
-from crawlfleet.urls import canonicalize
+from core.config import Settings
+from core.urls import canonicalize
 from producers.replay import REDIRECT_HOPS, REPLAY_META
+from sites.scripted_site import ScriptedSite, page, redirect
 from tests.integration.fleet_helpers import (
     Workers,
     create_all_topics,
@@ -19,7 +20,6 @@ from tests.integration.fleet_helpers import (
     query,
     wait_drained,
 )
-from tests.integration.scripted_site import ScriptedSite, page, redirect
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from crawlfleet.config import Settings
+from core.config import Settings
 from infra.topics import create_topics, topology_of
 from streams.state_store import StateStore
 

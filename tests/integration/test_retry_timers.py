@@ -18,7 +18,7 @@ from confluent_kafka import Producer
 
 from consumers.retry import RetryStage
 from consumers.timers import due_of
-from crawlfleet.config import Settings
+from core.config import Settings
 from infra.topics import topology_of
 from producers.frontier import parse_line
 from schemas.topics import Topology, partition_for

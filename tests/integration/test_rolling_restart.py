@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from core.config import Settings
 from crawlfleet.chaos import run_chaos
-from crawlfleet.config import Settings
 from crawlfleet.fault_plan import ROLLING_RESTART, PlannedFault
 from tests.integration.fleet_helpers import report
 from tests.integration.test_chaos import _assert_exactly_once, _console

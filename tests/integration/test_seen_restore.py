@@ -18,8 +18,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from consumers.seen import DEAD, DONE, RETRYING, SeenStore
-from crawlfleet.config import Settings
-from crawlfleet.urls import dedupe_key
+from core.config import Settings
+from core.urls import dedupe_key
 from infra.topics import create_topics, topology_of
 from schemas.codec import default_codec
 from streams.io import Encoder, producer_conf, raw_value
@@ -174,7 +174,7 @@ _CRASHING_WORKER = textwrap.dedent("""
     from streams.io import Encoder, producer_conf
     from infra.topics import topology_of
     from consumers.seen import SeenStore
-    from crawlfleet.config import load_settings
+    from core.config import load_settings
 
     bootstrap, prefix, directory, partition, target = sys.argv[1:6]
     s = load_settings(bootstrap_servers=bootstrap, topic_prefix=prefix, partitions=4,

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 
 import pytest
-from behaviour_site import Behaviour, BehaviourSite
 from fleet_helpers import (
     Workers,
     create_all_topics,
@@ -26,8 +25,9 @@ from fleet_helpers import (
 )
 from rich.console import Console
 
-from crawlfleet.config import Settings
+from core.config import Settings
 from crawlfleet.crawl import Fleet, _watch, settings_env
+from sites.behaviour_site import Behaviour, BehaviourSite
 
 pytestmark = pytest.mark.integration
 

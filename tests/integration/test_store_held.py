@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from behaviour_site import Behaviour, BehaviourSite
 from fleet_helpers import (
     Worker,
     Workers,
@@ -35,10 +34,11 @@ from fleet_helpers import (
     wait_until,
 )
 
-from crawlfleet.config import Settings
+from core.config import Settings
+from core.errors import CrawlfleetError
 from crawlfleet.crawl import settings_env
-from crawlfleet.errors import CrawlfleetError
 from infra.clickhouse import query_owner
+from sites.behaviour_site import Behaviour, BehaviourSite
 
 pytestmark = pytest.mark.integration
 

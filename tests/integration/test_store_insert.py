@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from crawlfleet.config import load_settings
+from core.config import load_settings
 from infra.clickhouse import EVENT_COLUMNS, Store
 
 pytestmark = pytest.mark.integration

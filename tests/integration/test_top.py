@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from fleet_helpers import Workers, create_all_topics, publish_seeds, wait_until
 
-from crawlfleet.config import Settings
+from core.config import Settings
 from crawlfleet.crawl import settings_env
-from infra.demo_site import free_port
 from producers import control
-from tests.integration.behaviour_site import Behaviour, BehaviourSite
+from sites.behaviour_site import Behaviour, BehaviourSite
+from sites.demo_site import free_port
 
 pytestmark = pytest.mark.integration
 

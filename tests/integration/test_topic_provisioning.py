@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import InfraError
+from core.config import Settings
+from core.errors import InfraError
 from infra.topics import adopt_partitions, create_topics, delete_topics, topology_of
 
 

@@ -10,10 +10,11 @@ from collections.abc import Callable
 
 import pytest
 
-from crawlfleet.config import Settings
+from core.config import Settings
+from core.urls import canonicalize
 from crawlfleet.crawl import settings_env
 from crawlfleet.trace import Event, trace
-from crawlfleet.urls import canonicalize
+from sites.scripted_site import ScriptedSite, page, redirect, status
 from tests.integration.fleet_helpers import (
     Workers,
     create_all_topics,
@@ -22,7 +23,6 @@ from tests.integration.fleet_helpers import (
     query,
     wait_drained,
 )
-from tests.integration.scripted_site import ScriptedSite, page, redirect, status
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 
 import pytest
-from behaviour_site import Behaviour, BehaviourSite
 from fleet_helpers import (
     Workers,
     create_all_topics,
@@ -25,8 +24,9 @@ from fleet_helpers import (
     wait_until,
 )
 
-from crawlfleet.config import Settings
-from infra.demo_site import free_port
+from core.config import Settings
+from sites.behaviour_site import Behaviour, BehaviourSite
+from sites.demo_site import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient
 
-from crawlfleet.config import Settings
+from core.config import Settings
 from crawlfleet.crawl import Fleet, Plan, wait_ready
 from infra.topics import topology_of
 from streams.status import read_statuses

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from consumers.resolver import GuardedResolver, StaticResolver
-from crawlfleet.config import load_settings
-from crawlfleet.errors import ConfigError, ForbiddenAddressError
-from crawlfleet.urls import AddressPolicy, address_is_public
+from core.config import load_settings
+from core.errors import ConfigError, ForbiddenAddressError
+from core.urls import AddressPolicy, address_is_public
 
 #: Loopback, private and metadata addresses in the IPv6 forms that reach them.
 DISGUISED = [

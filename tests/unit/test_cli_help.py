@@ -12,8 +12,8 @@ import typer
 from typer.core import TyperOption
 from typer.testing import CliRunner
 
+from core.config import SETTING_DEFAULTS
 from crawlfleet.cli import app
-from crawlfleet.config import SETTING_DEFAULTS
 
 #: CLI option names that differ from the setting they set.
 ALIASES = {"bootstrap": "bootstrap_servers", "clickhouse": "clickhouse_dsn",

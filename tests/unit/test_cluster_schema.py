@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from crawlfleet.config import load_settings
-from crawlfleet.errors import ConfigError
+from core.config import load_settings
+from core.errors import ConfigError
 from infra.clickhouse import Store
 from infra.cluster_schema import cluster_statements, embedded_statements, render, tables
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from crawlfleet.errors import DecodeError
+from core.errors import DecodeError
 from schemas.codec import SCHEMA_DIR, Codec, default_codec
 from schemas.topics import HEADER_SCHEMA
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from crawlfleet.config import DEFAULT_PARTITIONS, ENV_PREFIX, Secret, Settings, load_settings
+from core.config import DEFAULT_PARTITIONS, ENV_PREFIX, Secret, Settings, load_settings
+from core.errors import ConfigError
 from crawlfleet.crawl import PARTITIONS_PER_WORKER, Plan
-from crawlfleet.errors import ConfigError
 
 
 @pytest.fixture(autouse=True)
@@ -268,7 +268,7 @@ def test_plan_sizes_its_own_topics() -> None:
 def test_dedupe_keys_outlive_the_longest_retry_wait() -> None:
     """Each retry may wait a capped Retry-After (an hour) in the timer store: the dedupe
     keys must outlive every wait before the last attempt, plus the longest lease."""
-    from crawlfleet.config import MAX_RETRY_DELAY_S
+    from core.config import MAX_RETRY_DELAY_S
     s = Settings(max_attempts=3)
     assert s.retry_horizon_s == 2 * MAX_RETRY_DELAY_S
     with pytest.raises(ConfigError, match="seen_ttl_s"):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from core.config import Secret, Settings
 from crawlfleet import crawl
-from crawlfleet.config import Secret, Settings
 from crawlfleet.crawl import CRAWL_LOCK, DataDirBusyError, hold_data_dir, one_off_prefix
 
 FROZEN = 1796150310.25
@@ -32,7 +32,7 @@ def test_crawls_started_in_one_second_get_distinct_valid_prefixes(
 _HOLDER = """
 import sys, time
 from pathlib import Path
-from crawlfleet.config import Settings
+from core.config import Settings
 from crawlfleet.crawl import hold_data_dir
 with hold_data_dir(Settings(data_dir=Path(sys.argv[1]), topic_prefix="c1-abcdef.")):
     print("held", flush=True)

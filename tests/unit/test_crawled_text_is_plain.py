@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from core.config import load_settings
+from core.urls import canonicalize
 from crawlfleet.cli import app
-from crawlfleet.config import load_settings
-from crawlfleet.urls import canonicalize
 from infra.clickhouse import DEAD_COLUMNS, Store
 
 #: Canonical already (as a stored URL is): brackets in a query string are kept as written.

@@ -20,7 +20,7 @@ import pytest
 from protego import Protego
 from selectolax.lexbor import LexborHTMLParser
 
-from infra.demo_site import (
+from sites.demo_site import (
     USER_AGENT,
     DemoSite,
     Page,
@@ -315,7 +315,7 @@ def test_reference_crawl_of_small_bench_site_matches_expected() -> None:
 
 
 def test_rate_log_reports_per_host_requests(port: int, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="infra.demo_site")
+    caplog.set_level(logging.INFO, logger="sites.demo_site")
     with DemoSite(demo_spec(port, HOSTS), rate_limit_log=True):
         for _ in range(3):
             get(f"http://127.0.0.3:{port}/")
@@ -326,7 +326,7 @@ def test_rate_log_reports_per_host_requests(port: int, caplog: pytest.LogCapture
 
 def test_cli_serves_until_sigterm(port: int) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "infra.demo_site", "--port", str(port)],
+        [sys.executable, "-m", "sites.demo_site", "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

@@ -15,7 +15,7 @@ import yaml
 from yamllint import config as yl_config
 from yamllint import linter
 
-from crawlfleet.config import SECRET_FIELDS, SETTING_DEFAULTS, Settings
+from core.config import SECRET_FIELDS, SETTING_DEFAULTS, Settings
 from schemas.topics import STAGES, Topology
 from streams.io import transaction_timeout_ms
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from core.config import Settings
 from crawlfleet import doctor
-from crawlfleet.config import Settings
 from crawlfleet.doctor import FAIL, NA, OK, WARN, Durations, checks
 from streams.io import producer_conf
 

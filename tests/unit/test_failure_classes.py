@@ -13,7 +13,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from consumers.classify import classify_exception
-from crawlfleet.errors import (
+from core.errors import (
     CrawlfleetError,
     DecompressionBombError,
     ForbiddenAddressError,

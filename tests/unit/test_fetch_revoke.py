@@ -17,7 +17,7 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from consumers.fetch import FetchStage, _Session
-from crawlfleet.config import Settings
+from core.config import Settings
 from streams.control import ControlState
 from streams.io import Output
 

@@ -21,7 +21,7 @@ from consumers.fetch import FetchStage, _Session
 from consumers.outcomes import Result
 from consumers.robots import UNREACHABLE_RETRY_S
 from consumers.seen import DONE
-from crawlfleet.config import Settings
+from core.config import Settings
 from tests.unit.test_target_memory import RobotsFetcher
 
 BOUND = 100

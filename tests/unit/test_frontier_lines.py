@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import InvalidURLError
+from core.config import Settings
+from core.errors import InvalidURLError
 from producers.frontier import PublishReport, jobs_from_lines, parse_line
 from schemas.codec import default_codec
 

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from consumers.html import extract
 from consumers.scope import follow
-from crawlfleet import urls
-from crawlfleet.errors import DecodeError, InvalidURLError
-from crawlfleet.urls import canonicalize, host_of, origin_of, resolve_link, target_of
+from core import urls
+from core.errors import DecodeError, InvalidURLError
+from core.urls import canonicalize, host_of, origin_of, resolve_link, target_of
 from schemas.codec import default_codec
 from schemas.topics import HEADER_SCHEMA, Topology
 

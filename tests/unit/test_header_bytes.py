@@ -13,10 +13,10 @@ import pytest
 
 from consumers import http_fetch
 from consumers.http_fetch import Fetcher, Response
-from crawlfleet.config import Settings
-from crawlfleet.urls import resolve_link
-from infra.demo_site import free_port
+from core.config import Settings
+from core.urls import resolve_link
 from schemas.codec import default_codec
+from sites.demo_site import free_port
 
 HOST = "127.0.0.2"
 ANSWERS = {

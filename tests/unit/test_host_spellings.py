@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from crawlfleet.errors import InvalidURLError
-from crawlfleet.urls import (
+from core.errors import InvalidURLError
+from core.urls import (
     AddressPolicy,
     address_is_public,
     canonicalize,

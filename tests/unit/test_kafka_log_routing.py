@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 from typer.testing import CliRunner
 
-from crawlfleet import config
+from core import config
+from core.config import Settings, route_kafka_logs
 from crawlfleet.cli import app
-from crawlfleet.config import Settings, route_kafka_logs
 
 
 @pytest.fixture(autouse=True)

@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
-from crawlfleet.config import Settings
-from crawlfleet.errors import KafkaStageError
+from core.config import Settings
+from core.errors import KafkaStageError
 from infra.topics import topology_of
 from streams.committer import on_kafka_thread
 from streams.membership import Membership

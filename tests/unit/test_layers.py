@@ -25,7 +25,7 @@ def test_the_contract_covers_every_package_top_to_bottom() -> None:
               for m in layer.replace("|", ":").split(":")]
     packages = set(conf["root_packages"])
     assert {m.split(".")[0] for m in layers} == packages  # no package left unconstrained
-    assert layers[0] == "crawlfleet.cli" and layers[-1] == "crawlfleet.errors"
+    assert layers[0] == "crawlfleet.cli" and layers[-1] == "core.errors"
     assert layers.index("consumers") < layers.index("producers") < layers.index("streams") \
         < layers.index("infra") < layers.index("schemas")
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from crawlfleet.config import load_settings
-from crawlfleet.errors import ConfigError
+from core.config import load_settings
+from core.errors import ConfigError
 from streams.metrics import WorkerMetrics, status_class
 from streams.status import StatusFile
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from crawlfleet.errors import ConfigError
+from core.errors import ConfigError
 from crawlfleet.plan import Costs, NodeLimits, plan
 
 COSTS = Costs(cpu_s={"fetch": 0.0004, "parse": 0.0003, "store": 0.0002, "retry": 0.00001,

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from crawlfleet.config import Settings, load_settings
-from crawlfleet.errors import CrawlfleetError
+from core.config import Settings, load_settings
+from core.errors import CrawlfleetError
 from infra.clickhouse import (
     PORT_FILE,
     TOKEN_FILE,

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from crawlfleet.config import Settings
+from core.config import Settings
 from crawlfleet.crawl import Plan, _settled
 from infra.topics import topology_of
 

@@ -9,8 +9,8 @@ import pytest
 
 from consumers.http_fetch import Response
 from consumers.outcomes import OutcomeRules
-from crawlfleet.config import load_settings
-from crawlfleet.urls import dedupe_key
+from core.config import load_settings
+from core.urls import dedupe_key
 from infra.topics import topology_of
 from producers.replay import REDIRECT_HOPS, REPLAY_META
 from streams.io import Encoder, Output

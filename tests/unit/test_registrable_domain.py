@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from consumers.scope import OUT_OF_SCOPE, REROUTE, follow, recheck
-from crawlfleet.urls import target_of
+from core.urls import target_of
 
 
 @pytest.mark.parametrize(("url", "domain"), [

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from core.errors import ConfigError
+from core.urls import dedupe_key
 from crawlfleet.dlq import Filters, bind, parse_duration, plan_replay, sql_string
-from crawlfleet.errors import ConfigError
-from crawlfleet.urls import dedupe_key
 from producers.replay import REPLAY_META, job_dedupe_key, replay_id, replay_job, without_replay
 from streams.ledger import Ledger, Pending
 

@@ -15,10 +15,10 @@ import pytest
 
 from consumers.http_fetch import Fetcher
 from consumers.robots_cache import RobotsCache
-from crawlfleet import errors
-from crawlfleet.config import Settings
-from crawlfleet.errors import ForbiddenAddressError
-from infra.demo_site import free_port
+from core import errors
+from core.config import Settings
+from core.errors import ForbiddenAddressError
+from sites.demo_site import free_port
 
 ALLOWED, REFUSED = "127.0.0.2", "127.0.0.3"
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from crawlfleet.config import load_settings
-from crawlfleet.errors import ConfigError
+from core.config import load_settings
+from core.errors import ConfigError
 
 
 def test_a_secret_is_read_from_its_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

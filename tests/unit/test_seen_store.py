@@ -16,7 +16,7 @@ from consumers.seen import (
     decode_value,
     encode_value,
 )
-from crawlfleet.errors import InfraError
+from core.errors import InfraError
 
 
 @pytest.mark.parametrize("state", [DONE, RETRYING, DEAD])

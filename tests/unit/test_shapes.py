@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from infra.demo_site import (
+from sites.demo_site import (
     SHAPES,
     ChainSite,
     MixedSite,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from crawlfleet.config import Settings, load_settings
+from core.config import Settings, load_settings
 from infra.clickhouse import (
     OPEN_LOCK,
     PORT_FILE,
@@ -41,7 +41,7 @@ def hold(settings: Settings, what: str) -> subprocess.Popen[str]:
             else "PathLock(s.clickhouse_path / OPEN_LOCK).acquire('reader')")
     code = textwrap.dedent(f"""
         import sys, time
-        from crawlfleet.config import load_settings
+        from core.config import load_settings
         from infra.clickhouse import OPEN_LOCK, PathLock, StoreOwnership
         s = load_settings(data_dir=sys.argv[1])
         assert {take}

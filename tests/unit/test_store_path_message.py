@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from crawlfleet.config import load_settings
-from crawlfleet.errors import ConfigError
+from core.config import load_settings
+from core.errors import ConfigError
 from infra.clickhouse import run_query
 
 

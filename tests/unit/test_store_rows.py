@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from consumers.store import _UINT_MAX, dead_row, event_row, fits, page_row
-from crawlfleet.errors import DecodeError
+from core.errors import DecodeError
 from infra.clickhouse import SQL_DIR
 
 TS = datetime(2026, 1, 1, tzinfo=UTC)

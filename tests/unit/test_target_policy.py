@@ -17,7 +17,7 @@ from consumers.classify import Signal
 from consumers.robots_cache import RobotsCache
 from consumers.scheduler import TargetScheduler
 from consumers.target_policy import TargetPolicy
-from crawlfleet.config import Settings
+from core.config import Settings
 
 EPS = 1e-9
 

@@ -60,6 +60,6 @@ def test_top_shows_no_field_that_does_not_exist_yet() -> None:
 
 
 def test_the_header_clock_is_utc_like_every_other_time() -> None:
-    from crawlfleet.timefmt import clock_utc, iso_utc
+    from core.timefmt import clock_utc, iso_utc
     assert clock_utc(0.0) == "00:00:00Z" and "00:00:00Z" in _text(_idle({}))
     assert iso_utc(1.5) == "1970-01-01T00:00:01.500Z"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from crawlfleet.errors import KafkaStageError
+from core.errors import KafkaStageError
 from streams.committer import CallWatch, TxnAbortedError, TxnCommitter
 from streams.io import Output
 

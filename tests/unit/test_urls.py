@@ -6,8 +6,8 @@ from urllib.parse import urljoin, urlsplit
 
 import pytest
 
-from crawlfleet.errors import ForbiddenAddressError, InvalidURLError
-from crawlfleet.urls import (
+from core.errors import ForbiddenAddressError, InvalidURLError
+from core.urls import (
     MAX_URL_LENGTH,
     _already_canonical,
     _canonicalize,

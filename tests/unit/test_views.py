@@ -7,7 +7,7 @@ import json
 import pytest
 
 from consumers.sampler import Sample, rates
-from crawlfleet.errors import ConfigError
+from core.errors import ConfigError
 from infra.views import (
     GRAFANA_JSON,
     bucket_for,

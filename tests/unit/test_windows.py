@@ -17,8 +17,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from crawlfleet.errors import ConfigError
-from crawlfleet.windows import CrawlWindow, parse_windows, seconds_until_open
+from core.errors import ConfigError
+from core.windows import CrawlWindow, parse_windows, seconds_until_open
 
 H = 3600
 

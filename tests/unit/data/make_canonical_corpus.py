@@ -13,8 +13,8 @@ import json
 import random
 from pathlib import Path
 
-from crawlfleet.errors import CrawlfleetError
-from crawlfleet.urls import canonicalize, target_of
+from core.errors import CrawlfleetError
+from core.urls import canonicalize, target_of
 
 HOSTS = ["example.com", "Example.COM", "a.b.example.org", "xn--bcher-kva.example",
          "bücher.example", "127.0.0.2", "10.0.0.1", "8.8.8.8", "[::1]", "[2001:db8::1]",

@@ -8,7 +8,7 @@ The content (:class:`SiteSpec`) is pure data, so tests can compute the exact set
 correct crawler must store (:meth:`SiteSpec.expected`) without running a server; the server
 (:class:`DemoSite`) only serves that data and counts what it was asked for.
 
-Run ``python -m infra.demo_site --port 18080`` to serve the small demo site until Ctrl-C
+Run ``python -m sites.demo_site --port 18080`` to serve the small demo site until Ctrl-C
 (``--bench`` the generated benchmark site, ``--shape NAME`` one of the shapes of
 ``bench.shapes_bench``, the skewed one with its rate cap enforced).
 """

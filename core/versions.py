@@ -6,8 +6,8 @@ from __future__ import annotations
 import ssl
 from importlib.metadata import version
 
-from crawlfleet import __version__
-from crawlfleet.config import Settings
+from core import __version__
+from core.config import Settings
 
 FETCHER_VERSION = f"crawlfleet-fetch/{__version__}"
 HTTP_LIB_VERSION = f"aiohttp/{version('aiohttp')}"

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from crawlfleet.errors import ConfigError
+from core.errors import ConfigError
 
 __all__ = ["CrawlWindow", "parse_windows", "seconds_until_open"]
 

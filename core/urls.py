@@ -17,7 +17,7 @@ import ada_url
 from publicsuffixlist import PublicSuffixList
 from w3lib.url import canonicalize_url
 
-from crawlfleet.errors import ForbiddenAddressError, InvalidURLError
+from core.errors import ForbiddenAddressError, InvalidURLError
 
 ALLOWED_SCHEMES = ("http", "https")
 DEFAULT_PORTS = {"http": 80, "https": 443}

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from crawlfleet import __version__
-from crawlfleet.errors import ConfigError
-from crawlfleet.windows import parse_windows
+from core import __version__
+from core.errors import ConfigError
+from core.windows import parse_windows
 
 ENV_PREFIX = "CRAWLFLEET_"
 #: Partitions of shared (long-lived) topics: room for a fleet of up to 12 workers per stage.

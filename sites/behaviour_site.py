@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from infra.demo_site import canonical_url
+from sites.demo_site import canonical_url
 
 
 @dataclass(frozen=True)
