@@ -45,11 +45,11 @@ from infra.clickhouse import (
     EVENT_COLUMNS,
     LINEAGE_COLUMNS,
     PAGE_COLUMNS,
-    QueryServer,
     Store,
     StoreHeldError,
     StoreOwnership,
 )
+from infra.store_query import QueryServer
 from infra.topics import topology_of
 from schemas.codec import default_codec
 from schemas.records import (

@@ -16,7 +16,8 @@ import time
 from core.config import Settings
 from core.errors import InfraError
 from crawlfleet.chaos_report import Kill, Phase, kill_window, pages_in_window
-from infra.clickhouse import PORT_FILE, run_query
+from infra.clickhouse import PORT_FILE
+from infra.store_query import run_query
 from sites.demo_site import DemoSite, canonical_url
 
 

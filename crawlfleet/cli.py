@@ -5,145 +5,42 @@ from __future__ import annotations
 import gc
 import logging
 import sys
-from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
-from rich.text import Text
-from typer.core import TyperCommand, TyperGroup
 
 from core.config import (
-    ENV_PREFIX,
-    SETTING_DEFAULTS,
     Settings,
-    load_settings,
-    route_kafka_logs,
 )
 from core.errors import CrawlfleetError
 
-
-class _Command(TyperCommand):
-    """Usage lines as a newcomer reads them: ``crawl [OPTIONS] SEEDS``, not ``{seeds}``."""
-
-    def collect_usage_pieces(self, ctx: Any) -> list[str]:  # typer's own click Context
-        return [p.strip("{}") for p in super().collect_usage_pieces(ctx)]
-
-
-def _typer(help: str) -> typer.Typer:
-    # Plain help (no rich markup): "[default: ...]" survives, flags show no "<bool>" type.
-    return typer.Typer(help=help, no_args_is_help=True, pretty_exceptions_enable=False,
-                       rich_markup_mode=None, cls=TyperGroup)
-
-
-app = _typer("crawlfleet: a polite, fault-tolerant, distributed crawler on Kafka.")
-kafka_app = _typer("Run a local Apache Kafka (KRaft) from Maven Central jars.")
-topics_app = _typer("Provision the crawl topics.")
-dlq_app = _typer("Dead letters: list, show, replay.")
-app.add_typer(kafka_app, name="kafka")
-app.add_typer(topics_app, name="topics")
-app.add_typer(dlq_app, name="dlq")
-command = partial(app.command, cls=_Command)
-#: Piped output is plain and complete: no terminal width to cut tables to, no live redraws.
-console = Console() if sys.stdout.isatty() else Console(width=100_000, soft_wrap=True)
-err_console = Console(stderr=True) if sys.stderr.isatty() else \
-    Console(stderr=True, width=100_000, soft_wrap=True)
-#: Exit status when some input lines were rejected (the good ones still went through).
-EXIT_BAD_LINES = 3
-#: How an option backed by a setting shows that setting's default, where it is not the value.
-_SHOWN_DEFAULTS = {
-    "bootstrap_servers": "the local broker (`crawlfleet kafka up`)",
-    "clickhouse_dsn": "the embedded chDB store under the data dir",
-    "topic_prefix": "none",
-    "allow_private": "off", "allow_hosts": "none", "max_depth": "unlimited",
-    "metrics_port": "off", "partitions": "automatic",
-}
-
-
-def setting_help(text: str, name: str, shown: str | None = None) -> str:
-    """``text`` plus the default and the environment variable of setting ``name``: an option
-    left out takes the setting's value (config file, then ``CRAWLFLEET_*``, then default)."""
-    default = shown or _SHOWN_DEFAULTS.get(name) or str(SETTING_DEFAULTS[name])
-    return f"{text} [default: {default}; env {ENV_PREFIX}{name.upper()}]"
-
-
-ConfigOpt = Annotated[Path | None, typer.Option(
-    "--config", help="TOML settings file. [default: none; env CRAWLFLEET_CONFIG]")]
-BootstrapOpt = Annotated[str | None, typer.Option(
-    "--bootstrap", help=setting_help("Kafka bootstrap servers.", "bootstrap_servers"))]
-ClickhouseOpt = Annotated[str | None, typer.Option(
-    "--clickhouse", help=setting_help("ClickHouse DSN.", "clickhouse_dsn"))]
-DataDirOpt = Annotated[Path | None, typer.Option(
-    "--data-dir", help=setting_help("Local state: chDB store, logs, status.", "data_dir"))]
-PrefixOpt = Annotated[str | None, typer.Option(
-    "--topic-prefix", help=setting_help("Namespace of topics and groups.", "topic_prefix"))]
-KafkaHomeOpt = Annotated[Path | None, typer.Option(
-    help="Kafka home (jars, data). [default: .crawlfleet/kafka, or "
-    "$CRAWLFLEET_HOME/kafka]")]
-RateCapOpt = Annotated[float | None, typer.Option(
-    help=setting_help("Requests per second per target.", "rate_cap"))]
-AllowHostsOpt = Annotated[str | None, typer.Option(
-    "--allow-hosts", help=setting_help(
-        "Comma-separated hosts, IPs or CIDR networks that may be private (e.g. "
-        "127.0.0.1/32,intranet.local); everything else must be public.", "allow_hosts"))]
-
-
-#: Commands that run for good and log to their own stderr (a worker's log file): librdkafka's
-#: lines stay there. Every other command routes them to the ``crawlfleet.kafka`` logger.
-_LOGGING_COMMANDS = frozenset({"worker"})
-
-
-@app.callback()
-def _main(ctx: typer.Context, verbose: Annotated[bool, typer.Option(
-        "--verbose", "-v", help="Show log lines, librdkafka's (logger crawlfleet.kafka) "
-        "included. [default: off]")] = False) -> None:
-    """crawlfleet: a polite, fault-tolerant, distributed crawler on Kafka."""
-    if ctx.invoked_subcommand in _LOGGING_COMMANDS:
-        return
-    kafka_log = logging.getLogger("crawlfleet.kafka")
-    if verbose:
-        logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(message)s")
-        kafka_log.propagate = True
-    else:
-        kafka_log.addHandler(logging.NullHandler())
-        kafka_log.propagate = False
-    route_kafka_logs(kafka_log)
-
-
-def _settings(config: Path | None, **overrides: Any) -> Settings:
-    if overrides.get("clickhouse") is not None:
-        overrides["clickhouse_dsn"] = overrides.pop("clickhouse")
-    overrides.pop("clickhouse", None)
-    if overrides.get("bootstrap") is not None:
-        overrides["bootstrap_servers"] = overrides.pop("bootstrap")
-    overrides.pop("bootstrap", None)
-    return load_settings(config, **overrides)
-
-
-def _on_cluster(s: Settings) -> Settings:
-    """``s`` for commands that use an existing cluster and its topics as they are."""
-    from crawlfleet.crawl import reach_kafka
-    from infra.topics import adopt_partitions
-    return adopt_partitions(reach_kafka(s))
-
-
-def _error(text: str) -> None:
-    """``error: text`` on stderr; ``text`` is printed as it is (never parsed as markup)."""
-    err_console.print(Text.assemble(("error:", "red"), " ", text))
-
-
-def _fail(exc: CrawlfleetError) -> None:
-    _error(str(exc))
-    raise typer.Exit(2)
-
-
-def cell(value: Any) -> Text:
-    """A table cell of data (a URL, a title, an engine's message): plain text, so a crawled
-    ``[/]`` or ``[link=...]`` is shown as written, never run as markup."""
-    return Text(str(value))
-
+# The operator commands register themselves on ``app`` when imported.
+from crawlfleet.cli_base import (
+    EXIT_BAD_LINES,
+    AllowHostsOpt,
+    BootstrapOpt,
+    ClickhouseOpt,
+    ConfigOpt,
+    DataDirOpt,
+    KafkaHomeOpt,
+    PrefixOpt,
+    RateCapOpt,
+    _Command,
+    _error,
+    _fail,
+    _on_cluster,
+    _settings,
+    app,
+    cell,
+    command,
+    console,
+    err_console,
+    kafka_app,
+    setting_help,
+    topics_app,
+)
 
 # --- kafka ---------------------------------------------------------------------------------
 
@@ -407,486 +304,6 @@ def crawl_cmd(seeds: Annotated[str, typer.Argument(
         raise typer.Exit(EXIT_BAD_LINES)
 
 
-# --- control -------------------------------------------------------------------------------
-
-TargetOpt = Annotated[str | None, typer.Option(
-    "--target", help="Only this target (host). [default: every target]")]
-
-
-def _control_settings(config: Path | None, bootstrap: str | None,
-                      topic_prefix: str | None) -> Settings:
-    from crawlfleet.crawl import reach_kafka
-    return reach_kafka(_settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix))
-
-
-def _toggle(paused: bool, target: str | None, config: Path | None, bootstrap: str | None,
-            topic_prefix: str | None) -> None:
-    from producers import control
-    send = control.pause if paused else control.resume
-    try:
-        send(_control_settings(config, bootstrap, topic_prefix), target)
-    except CrawlfleetError as exc:
-        _fail(exc)
-    console.print(f"{'paused' if paused else 'resumed'} {target or 'the whole fleet'}",
-                  markup=False)
-
-
-@command("pause")
-def pause_cmd(target: TargetOpt = None, config: ConfigOpt = None,
-              bootstrap: BootstrapOpt = None, topic_prefix: PrefixOpt = None) -> None:
-    """Stop every fetch worker from dequeuing (globally or for one target); nothing is lost."""
-    _toggle(True, target, config, bootstrap, topic_prefix)
-
-
-@command("resume")
-def resume_cmd(target: TargetOpt = None, config: ConfigOpt = None,
-               bootstrap: BootstrapOpt = None, topic_prefix: PrefixOpt = None) -> None:
-    """Undo `crawlfleet pause` (globally or for one target)."""
-    _toggle(False, target, config, bootstrap, topic_prefix)
-
-
-@command("cap")
-def cap_cmd(target: Annotated[str, typer.Argument(metavar="TARGET", help="Target (host).")],
-            rate: Annotated[float | None, typer.Argument(
-                metavar="RATE", help="Requests per second; omit to clear the live cap.")
-            ] = None,
-            config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
-            topic_prefix: PrefixOpt = None) -> None:
-    """Set a live per-target rate cap for the whole fleet (through crawl.control)."""
-    from producers import control
-    if rate is not None and rate <= 0:
-        _error("rate must be > 0")
-        raise typer.Exit(2)
-    try:
-        control.set_cap(_control_settings(config, bootstrap, topic_prefix), target, rate)
-    except CrawlfleetError as exc:
-        _fail(exc)
-    console.print(f"cap for {target}: {rate if rate is not None else 'cleared'}", markup=False)
-
-
-# --- chaos ---------------------------------------------------------------------------------
-
-
-@command("chaos")
-def chaos_cmd(pages: Annotated[int | None, typer.Option(
-                  help="Pages of the local test site. [default: 5000; with --soak 1500]")
-              ] = None,
-              hosts: Annotated[int | None, typer.Option(
-                  help="Hosts the pages are spread over. [default: 20; with --soak 8]")
-              ] = None,
-              rate_cap: Annotated[float, typer.Option(
-                  help="Requests/s per host (the crawler's default is 2); 0: a pace that "
-                       "makes the crawl last about a minute.")] = 2.0,
-              nodes: Annotated[int | None, typer.Option(
-                  help="Kafka nodes: 1, or 3 with a broker killed and restarted mid-crawl "
-                       "[default: 1; with --soak 3]")] = None,
-              fetch_workers: Annotated[int, typer.Option(help="Fetch worker processes.")] = 2,
-              parse_workers: Annotated[int, typer.Option(help="Parse worker processes.")] = 2,
-              kill_every: Annotated[float, typer.Option(
-                  help="Seconds between kills (each drawn from 0.75x..1.25x).")] = 8.0,
-              kill_for: Annotated[float, typer.Option(
-                  help="Stop killing after seconds (0: once 90% of the pages were "
-                       "requested).")] = 0.0,
-              baseline: Annotated[bool, typer.Option(
-                  "--baseline/--no-baseline",
-                  help="Also crawl the same shape with nobody killed, and report the "
-                       "throughput retained.")] = True,
-              seed: Annotated[int, typer.Option(help="Random seed of the kill schedule.")] = 1,
-              data_dir: DataDirOpt = None,
-              timeout: Annotated[float, typer.Option(help="Give up a crawl after seconds.")
-                                 ] = 900.0,
-              report_json: Annotated[Path | None, typer.Option(
-                  help="Also write the report as JSON here. [default: none]")] = None,
-              soak: Annotated[float, typer.Option(
-                  "--soak", metavar="MINUTES",
-                  help="Loop rounds of the 3-broker scenario with mixed faults for this "
-                       "many minutes; stop at the first round that fails. [default: 0, "
-                       "no soak]")] = 0.0,
-              faults: Annotated[str, typer.Option(
-                  help="Heavy faults the soak mixes, comma-separated. [default: all: "
-                       "broker_kill, broker_freeze, restart_all, store_restart, "
-                       "state_wipe]")] = "",
-              faults_per_round: Annotated[int, typer.Option(
-                  help="Heavy faults per soak round, besides the worker kills.")] = 2,
-              results: Annotated[Path | None, typer.Option(
-                  help="The soak's results file. [default: bench/soak_results.jsonl]")
-              ] = None,
-              summary: Annotated[bool, typer.Option(
-                  "--summary", help="Print the soak results' totals per commit and exit. "
-                  "[default: off]")] = False) -> None:
-    """Crawl a local site while killing (-9) workers; report losses, duplicates, pace kept.
-
-    Defaults: issue 11's scenario (20 hosts x 250 pages at 2 req/s per host; 2 fetch, 2 parse,
-    store, retry; a kill every 8 s; default session timeout), then the same with no kills.
-    Exit 1 unless nothing was lost or duplicated, over-apply kept its bound and (with the
-    baseline) >= 80% of the no-kill pace was retained. With --soak, rounds of worker kills
-    plus broker kills, frozen brokers, whole-cluster restarts, store restarts under readers
-    and wiped local state, each round appended to the results file; exit 1 if one failed.
-    """
-    if summary:
-        from crawlfleet import soak as soak_mod
-        rounds = soak_mod.read_results(results or soak_mod.RESULTS)
-        console.print(soak_mod.summary_table(soak_mod.summarise(rounds)))
-        return
-    if soak:
-        _soak(soak, pages=pages or 1500, hosts=hosts or 8, nodes=nodes or 3,
-              rate_cap=rate_cap, fetch_workers=fetch_workers, parse_workers=parse_workers,
-              kill_every=kill_every, seed=seed, data_dir=data_dir, timeout=timeout,
-              faults=faults, faults_per_round=faults_per_round, results=results)
-        return
-    from crawlfleet import chaos, chaos_report
-    try:
-        report = chaos.run_chaos(pages=pages or 5000, nodes=nodes or 1,
-                                 fetch_workers=fetch_workers, parse_workers=parse_workers,
-                                 kill_every_s=kill_every, seed=seed, data_dir=data_dir,
-                                 timeout_s=timeout, console=err_console,
-                                 rate_cap=rate_cap or None, hosts=hosts or 20,
-                                 baseline=baseline, kill_for_s=kill_for or None)
-    except CrawlfleetError as exc:
-        _fail(exc)
-        return
-    chaos_report.print_report(report, console)
-    if report_json:
-        chaos_report.write_json(report, report_json)
-    good = report.meets_target if baseline else report.ok and report.within_bound
-    if not good:
-        raise typer.Exit(1)
-
-
-def _soak(minutes: float, *, pages: int, hosts: int, nodes: int, rate_cap: float,
-          fetch_workers: int, parse_workers: int, kill_every: float, seed: int,
-          data_dir: Path | None, timeout: float, faults: str, faults_per_round: int,
-          results: Path | None) -> None:
-    from crawlfleet import soak as soak_mod
-    from crawlfleet.fault_plan import HEAVY
-    kinds = tuple(k.strip() for k in faults.split(",") if k.strip()) or HEAVY
-    cfg = soak_mod.SoakConfig(
-        minutes=minutes, pages=pages, hosts=hosts, nodes=nodes, rate_cap=rate_cap or 2.0,
-        fetch_workers=fetch_workers, parse_workers=parse_workers, kill_every_s=kill_every,
-        seed=seed, data_dir=data_dir, round_timeout_s=min(timeout, 600.0), kinds=kinds,
-        heavy_per_round=faults_per_round, results=results or soak_mod.RESULTS)
-    try:
-        outcome = soak_mod.run_soak(cfg, err_console)
-    except CrawlfleetError as exc:
-        _fail(exc)
-        return
-    console.print(soak_mod.summary_table(soak_mod.summarise(
-        soak_mod.read_results(cfg.results))))
-    if outcome.error:
-        err_console.print(f"[red]soak stopped: {outcome.error}[/red]")
-        raise typer.Exit(1)
-    if outcome.failed is not None:
-        err_console.print(f"[red]soak stopped: round {len(outcome.rounds) - 1} failed "
-                          f"({'; '.join(outcome.failed.failures)}); evidence in "
-                          f"{outcome.failed.evidence}[/red]")
-        raise typer.Exit(1)
-
-
-# --- sql -----------------------------------------------------------------------------------
-
-
-@command("sql")
-def sql_cmd(query: Annotated[str | None, typer.Argument(
-                metavar="QUERY", help="SQL, e.g. 'SELECT * FROM pages_v' (or use --view)")
-            ] = None,
-            view: Annotated[str | None, typer.Option(
-                "--view", help="A dashboard view by name (infra/sql/views); "
-                "`--view list` names them. [default: none]")] = None,
-            since: Annotated[str, typer.Option(
-                help="The view's time window, ending now: 90s, 15m, 6h, 7d.")] = "1h",
-            config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
-            data_dir: DataDirOpt = None,
-            format: Annotated[str, typer.Option(help="table | tsv | json")] = "table"
-            ) -> None:
-    """Query the crawl store (while a crawl runs, through its store process)."""
-    import json as _json
-
-    from rich.markup import escape
-
-    from core.errors import QueryError
-    from infra.clickhouse import run_query
-    from infra.views import expand, load_views, parse_duration
-    views = load_views()
-    if view == "list" or (query is None and view is None):
-        for v in views.values():
-            console.print(f"{v.name:18} {v.title}")
-        return
-    if view is not None:
-        if view not in views:
-            _error(f"no view {view!r}; views: " + ", ".join(views))
-            raise typer.Exit(2)
-        try:
-            query = expand(views[view].sql, parse_duration(since))
-        except CrawlfleetError as exc:
-            _fail(exc)
-            return
-    assert query is not None
-    try:
-        s = _settings(config, clickhouse=clickhouse, data_dir=data_dir)
-        cols, rows = run_query(s, query, on_wait=lambda text: err_console.print(
-            f"[yellow]{escape(text)}[/yellow]"))
-    except QueryError as exc:
-        _error(str(exc))
-        try:
-            _, names = run_query(s, "SHOW TABLES")
-            err_console.print("tables and views: " + ", ".join(str(n[0]) for n in names),
-                              markup=False)
-        except CrawlfleetError:
-            pass
-        raise typer.Exit(2) from None
-    except CrawlfleetError as exc:
-        _fail(exc)
-        return
-    if format == "json":
-        console.print_json(_json.dumps([dict(zip(cols, r, strict=True)) for r in rows],
-                                       default=str))
-    elif format == "tsv":
-        sys.stdout.write("\t".join(cols) + "\n")
-        for r in rows:
-            sys.stdout.write("\t".join(str(v) for v in r) + "\n")
-    else:
-        t = Table(*cols)
-        for r in rows:
-            t.add_row(*(cell(v) for v in r))
-        console.print(t)
-
-
-@command("top")
-def top_cmd(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
-            topic_prefix: PrefixOpt = None, clickhouse: ClickhouseOpt = None,
-            data_dir: DataDirOpt = None,
-            refresh: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 2.0,
-            once: Annotated[bool, typer.Option(
-                "--once", help="Print one snapshot and exit (piped output always does). "
-                "[default: off]")] = False) -> None:
-    """A live view of the whole fleet: queues and their trend, throughput, workers and their
-    versions, block rate, dead letters, paused targets."""
-    import time as _time
-
-    from rich.live import Live
-
-    from crawlfleet.top import FleetView, render
-    try:
-        s = _control_settings(config, bootstrap, topic_prefix)
-        s = _settings(config, bootstrap=s.bootstrap_servers, topic_prefix=topic_prefix,
-                      clickhouse=clickhouse, data_dir=data_dir)
-        view = FleetView(s)
-    except CrawlfleetError as exc:
-        _fail(exc)
-        return
-    try:
-        if once or not console.is_terminal:
-            console.print(render(view.snapshot()))
-            return
-        with Live(render(view.snapshot()), console=console, screen=True,
-                  auto_refresh=False) as live:
-            while True:
-                _time.sleep(refresh)
-                live.update(render(view.snapshot()), refresh=True)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        view.close()
-
-
-# --- dead letters and lineage ----------------------------------------------------------------
-
-ReasonOpt = Annotated[str | None, typer.Option(
-    "--reason", help="Only this reason class. [default: every reason]")]
-SinceOpt = Annotated[str | None, typer.Option(
-    "--since", help="Only dead letters of the last DURATION (90s, 15m, 2h, 1d). "
-    "[default: all time]")]
-
-
-def _dlq_filters(reason: str | None, target: str | None, since: str | None) -> Any:
-    from crawlfleet import dlq
-    return dlq.Filters(reason, target, dlq.parse_duration(since) if since else None)
-
-
-def _print_rows(cols: Any, rows: Any) -> None:
-    t = Table(*cols)
-    for r in rows:
-        t.add_row(*(cell(v) for v in r))
-    console.print(t)
-
-
-@dlq_app.command("list", cls=_Command)
-def dlq_list(reason: ReasonOpt = None, target: TargetOpt = None, since: SinceOpt = None,
-             limit: Annotated[int, typer.Option(help="At most this many (0: all).")] = 200,
-             config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
-             data_dir: DataDirOpt = None) -> None:
-    """Dead letters, oldest first, with the id `dlq show` takes."""
-    from crawlfleet import dlq
-    try:
-        s = _settings(config, clickhouse=clickhouse, data_dir=data_dir)
-        cols, rows = dlq.list_dead(s, _dlq_filters(reason, target, since), limit or None)
-    except CrawlfleetError as exc:
-        _fail(exc)
-        return
-    _print_rows(cols, rows)
-
-
-@dlq_app.command("show", cls=_Command)
-def dlq_show(event_id: Annotated[str, typer.Argument(metavar="ID", help="Id from `dlq list`.")],
-             config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
-             data_dir: DataDirOpt = None) -> None:
-    """One dead letter, whole: its job, full error, attempts, worker and version tuple."""
-    import json as _json
-
-    from crawlfleet import dlq
-    try:
-        record = dlq.show(_settings(config, clickhouse=clickhouse, data_dir=data_dir), event_id)
-    except CrawlfleetError as exc:
-        _fail(exc)
-        return
-    console.print_json(_json.dumps(record, default=str))
-
-
-@dlq_app.command("replay", cls=_Command)
-def dlq_replay(reason: ReasonOpt = None, target: TargetOpt = None, since: SinceOpt = None,
-               dry_run: Annotated[bool, typer.Option(
-                   "--dry-run", help="Show what would go. [default: off]")] = False,
-               all_: Annotated[bool, typer.Option(
-                   "--all", help="With no --reason, --target or --since: replay every dead "
-                   "letter that can succeed. [default: off]")] = False,
-               config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
-               topic_prefix: PrefixOpt = None, clickhouse: ClickhouseOpt = None,
-               data_dir: DataDirOpt = None) -> None:
-    """Put the selected dead jobs back on the frontier: fresh attempts, a replay mark, the
-    normal robots, cap, scope and dedupe path. Replaying the same selection again is a
-    no-op. robots_disallowed and address_not_allowed are replayed only when --reason names
-    them (nothing but a change of the site or the settings can cure them)."""
-    from crawlfleet import dlq
-    try:
-        s = _settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix,
-                      clickhouse=clickhouse, data_dir=data_dir)
-        filters = _dlq_filters(reason, target, since)
-        if filters.empty and not all_:
-            _error("no filter: this would replay every dead letter; name --reason, --target "
-                   "or --since, or pass --all")
-            raise typer.Exit(2)
-        plan, report = dlq.replay(s if dry_run else _on_cluster(s), filters, dry_run)
-    except CrawlfleetError as exc:
-        _fail(exc)
-        return
-    for job, dead_id in zip(plan.jobs, plan.ids, strict=True):
-        console.print(f"{'would replay' if dry_run else 'replayed'} {dead_id} {job['url']}",
-                      markup=False, highlight=False)
-    console.print(f"{len(plan.jobs)} {'to replay' if dry_run else 'replayed'}, "
-                  f"{plan.superseded} older dead letters of the same pages, "
-                  f"{plan.unreplayable} without a job (undecodable records)")
-    if report is not None and report.waited_s:
-        console.print(f"waited {report.waited_s:.1f}s on the frontier bound")
-
-
-@command("trace")
-def trace_cmd(url: Annotated[str, typer.Argument(metavar="URL", help="The URL to follow.")],
-              profile: Annotated[str | None, typer.Option(help=setting_help(
-                  "Crawl profile.", "default_profile"))] = None,
-              format: Annotated[str, typer.Option(help="table | tsv")] = "table",
-              config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
-              data_dir: DataDirOpt = None) -> None:
-    """Where a URL went, when, on which worker and version (redirect hops followed)."""
-    from crawlfleet import trace
-    try:
-        events = trace.trace(_settings(config, clickhouse=clickhouse, data_dir=data_dir), url,
-                             profile)
-    except CrawlfleetError as exc:
-        _fail(exc)
-        return
-    if format == "tsv":
-        for row in (trace.COLUMNS, *(e.row() for e in events)):
-            sys.stdout.write("\t".join(row) + "\n")
-    else:
-        _print_rows(trace.COLUMNS, [e.row() for e in events])
-
-
-# --- plan ----------------------------------------------------------------------------------
-
-
-@command("plan")
-def plan_cmd(pages_per_day: Annotated[float, typer.Option(
-                 help="Pages to crawl a day.")],
-             targets: Annotated[int, typer.Option(help="Targets (hosts) crawled.")],
-             cap: Annotated[float | None, typer.Option(help=setting_help(
-                 "Requests per second per target.", "rate_cap"))] = None,
-             page_bytes: Annotated[float | None, typer.Option(
-                 help="Mean page size, bytes. [default: the measured site's]")] = None,
-             backlog: Annotated[float | None, typer.Option(
-                 help="Jobs parked, waiting beyond the workers' memory. [default: one day's "
-                 "pages, a day's frontier published at once]")] = None,
-             costs: Annotated[Path | None, typer.Option(
-                 help="Measured per-page costs (python -m bench.cost_bench). "
-                 "[default: infra/costs.json]")] = None) -> None:
-    """A capacity plan from measured per-page costs: partitions, workers per stage, broker
-    and ClickHouse load, and what saturates first."""
-    from crawlfleet import plan as plan_mod
-    try:
-        measured = plan_mod.Costs.load(costs or plan_mod.COSTS)
-        limits = plan_mod.NodeLimits(page_bytes=page_bytes, backlog=backlog)
-        s = _settings(None)
-        rate = cap if cap is not None else s.rate_cap
-        result = plan_mod.plan(pages_per_day, targets, rate, measured, limits,
-                               seen_ttl_s=s.seen_ttl_s)
-    except CrawlfleetError as exc:
-        _fail(exc)
-        return
-    t = Table("what", "figure", title=f"plan: {pages_per_day:,.0f} pages/day over "
-              f"{targets:,} targets at {rate:g} req/s")
-    for what, figure in plan_mod.render(result, measured, limits):
-        t.add_row(cell(what), cell(figure))
-    console.print(t)
-
-
-# --- schema --------------------------------------------------------------------------------
-
-
-@command("schema")
-def schema_cmd(cluster: Annotated[str | None, typer.Option(
-                   help=setting_help("Print the schema of this ClickHouse cluster (ON CLUSTER, "
-                                     "Replicated*MergeTree, Distributed tables).",
-                                     "clickhouse_cluster", "none: one server's schema"))
-               ] = None) -> None:
-    """Print the store's DDL: what the store worker runs on start (from infra/sql)."""
-    from infra.cluster_schema import render, render_embedded
-    try:
-        sys.stdout.write(render(cluster) if cluster else render_embedded())
-    except CrawlfleetError as exc:
-        _fail(exc)
-
-
-# --- doctor --------------------------------------------------------------------------------
-
-
-@command("doctor")
-def doctor_cmd(config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
-               data_dir: DataDirOpt = None,
-               window: Annotated[float, typer.Option(
-                   help="Seconds of fetch telemetry to size leases from.")] = 3600.0,
-               bootstrap: BootstrapOpt = None, topic_prefix: PrefixOpt = None,
-               kafka: Annotated[bool, typer.Option(
-                   "--kafka/--no-kafka", help="Also check the topics on the broker. [default: on]")
-               ] = True
-               ) -> None:
-    """Check the settings against measured fetch durations: each finding with its fix."""
-    from crawlfleet import doctor
-    try:
-        s = _settings(config, clickhouse=clickhouse, data_dir=data_dir, bootstrap=bootstrap,
-                      topic_prefix=topic_prefix)
-        results, _ = doctor.diagnose(s, window, kafka=kafka)
-    except CrawlfleetError as exc:
-        _fail(exc)
-        return
-    t = Table("check", "value", "verdict", "fix", title="crawlfleet doctor")
-    colour = {doctor.OK: "green", doctor.WARN: "yellow", doctor.FAIL: "red"}
-    for c in results:
-        t.add_row(cell(c.name), cell(c.value),
-                  Text(c.verdict, style=colour.get(c.verdict, "dim")), cell(c.fix))
-    console.print(t)
-    if doctor.failed(results):
-        raise typer.Exit(1)
-
-
 # --- demo ----------------------------------------------------------------------------------
 
 
@@ -913,7 +330,7 @@ def demo_cmd(port: Annotated[int, typer.Option(
                  "crawler's default is 2.0).")] = 5.0) -> None:
     """Serve the demo site, crawl it end to end, and show what was stored."""
     from crawlfleet import crawl
-    from infra.clickhouse import run_query
+    from infra.store_query import run_query
     from sites.demo_site import DemoSite, demo_spec
     spec = demo_spec(port)
     try:
@@ -936,6 +353,11 @@ def demo_cmd(port: Annotated[int, typer.Option(
     console.print(f"query more with: {hint}" + (f" --data-dir {data_dir}" if data_dir else ""))
     if not summary.drained:
         raise typer.Exit(1)
+
+
+# The operator commands register themselves on ``app`` when imported (after these, so the
+# help lists the everyday commands first).
+from crawlfleet import cli_ops  # noqa: E402,F401
 
 
 def main() -> None:

@@ -29,8 +29,8 @@ from core.config import Secret, Settings
 from core.errors import InfraError
 from crawlfleet.health import HeldWork, StallWatch, read_held_work, stalls
 from infra import kafka_local
-from infra.clickhouse import run_query
 from infra.lag import LagProbe
+from infra.store_query import run_query
 from infra.topics import adopt_partitions, create_topics, delete_topics, topology_of
 from producers.frontier import PublishReport, jobs_from_lines, publish
 from schemas.topics import Topology, stage_spec, stages

@@ -17,7 +17,7 @@ from typing import Any
 from core.config import Settings
 from core.errors import ConfigError
 from core.urls import dedupe_key
-from infra.clickhouse import run_query
+from infra.store_query import run_query
 from infra.views import parse_duration
 from producers.replay import ReplayReport, publish_replays, replay_id, replay_job
 from schemas.records import CrawlJob

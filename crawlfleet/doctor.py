@@ -273,7 +273,8 @@ def failed(results: list[Check]) -> bool:
 def fetch_durations(s: Settings, window_s: float) -> Durations:
     """p50/p95/p99 of page requests over the last ``window_s`` (through the running store
     worker when there is one, as ``crawlfleet sql``)."""
-    from infra.clickhouse import job_duration_sql, run_query
+    from infra.clickhouse import job_duration_sql
+    from infra.store_query import run_query
     _, rows = run_query(s, job_duration_sql(window_s), wait_s=STORE_WAIT_S,
                         on_wait=lambda _: None)
     count, quantiles, top = rows[0] if rows else (0, [0, 0, 0], 0)

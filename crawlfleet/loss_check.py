@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.config import Settings
-from infra.clickhouse import run_query
+from infra.store_query import run_query
 from sites.demo_site import DemoSite, SiteSpec, canonical_url
 
 #: How many URLs of each kind a verdict lists (the counts are always whole).

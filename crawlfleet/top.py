@@ -32,8 +32,8 @@ from core.config import Settings
 from core.errors import CrawlfleetError
 from core.timefmt import clock_utc
 from crawlfleet.health import HeldWork, read_held_work, stalls
-from infra.clickhouse import run_query
 from infra.lag import LagProbe
+from infra.store_query import run_query
 from infra.topics import topology_of
 from schemas.codec import default_codec
 from schemas.topics import stages as topology_stages

@@ -24,272 +24,57 @@ Environment:
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
-import json
 import logging
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from core.errors import InfraError
+from infra.kafka_home import (
+    _LOG4J2,
+    _MAIN_CLASS,
+    _TOOL_TIMEOUT_S,
+    _VALID_NODE_COUNTS,
+    DEFAULT_BASE_PORT,
+    HOST,
+    INSTALL_HINT,
+    JARS_ENV,
+    ClusterStatus,
+    NodeStatus,
+    _check_compatible,
+    _Cluster,
+    _locked,
+    _node_dir,
+    _pid_path,
+    _props_path,
+    _read_cluster,
+    _require_cluster,
+    _require_tool,
+    _tail,
+    _write_cluster,
+    broker_port,
+    controller_port,
+    kafka_home,
+)
+from infra.kafka_jars import (
+    _run,
+    ensure_jars,
+)
 
-DEFAULT_BASE_PORT = 19092
-HOST = "127.0.0.1"
-HOME_ENV = "CRAWLFLEET_HOME"
-JARS_ENV = "CRAWLFLEET_KAFKA_JARS"
-INSTALL_HINT = "apt-get install -y openjdk-17-jre-headless maven"
-
-_RESOURCES = Path(__file__).resolve().parent / "kafka"
-_POM = _RESOURCES / "pom.xml"
-_LOG4J2 = _RESOURCES / "log4j2.xml"
-_MARKER = ".resolved"
-_CLUSTER_FILE = "cluster.json"
-_MAIN_CLASS = "kafka.Kafka"
-_MVN_TIMEOUT_S = 1800.0
-_TOOL_TIMEOUT_S = 120.0
-_TAIL_LINES = 20
-_VALID_NODE_COUNTS = (1, 3)
+# The public API of a local cluster, including what the modules below it hold.
+__all__ = ["DEFAULT_BASE_PORT", "HOST", "INSTALL_HINT", "JARS_ENV", "ClusterStatus",
+           "NodeStatus", "broker_port", "controller_port", "down", "ensure_jars", "freeze_node",
+           "kafka_home", "node_pid", "restart_all", "start_node", "status", "stop_node",
+           "thaw_node", "up"]
 
 _log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class NodeStatus:
-    """One node as seen from its pid file and /proc: no network round trip.
-
-    ``pid`` is what the pid file says (None without one); it may be stale when not ``running``.
-    """
-
-    node_id: int
-    pid: int | None
-    running: bool
-    broker_port: int
-    controller_port: int
-
-
-@dataclass(frozen=True)
-class ClusterStatus:
-    """The recorded cluster; empty ``nodes`` means no cluster was ever set up here."""
-
-    nodes: tuple[NodeStatus, ...]
-    bootstrap_servers: str
-
-    @property
-    def running(self) -> bool:
-        """True only if a cluster exists and every one of its nodes is alive."""
-        return bool(self.nodes) and all(n.running for n in self.nodes)
-
-
-@dataclass(frozen=True)
-class _Cluster:
-    """What cluster.json records: enough to rebuild every node's config from another process."""
-
-    nodes: int
-    base_port: int
-    cluster_id: str
-    heap_mb: int
-    jars: str
-
-    def node_ids(self) -> range:
-        return range(1, self.nodes + 1)
-
-    def bootstrap(self) -> str:
-        return ",".join(f"{HOST}:{broker_port(self.base_port, i)}" for i in self.node_ids())
-
-
-# --------------------------------------------------------------------------- paths and ports
-
-
-def kafka_home(base_dir: Path | None = None) -> Path:
-    """Where this cluster's state lives: ``base_dir`` itself, else ``$CRAWLFLEET_HOME/kafka``."""
-    if base_dir is not None:
-        return Path(base_dir).expanduser().resolve()
-    root = Path(os.environ.get(HOME_ENV) or ".crawlfleet").expanduser()
-    return (root / "kafka").resolve()
-
-
-def broker_port(base_port: int, node_id: int) -> int:
-    """PLAINTEXT port of a node: two consecutive ports per node, broker first."""
-    return base_port + 2 * (node_id - 1)
-
-
-def controller_port(base_port: int, node_id: int) -> int:
-    """CONTROLLER (KRaft quorum) port of a node, right after its broker port."""
-    return broker_port(base_port, node_id) + 1
-
-
-def _node_dir(home: Path, node_id: int) -> Path:
-    return home / f"node-{node_id}"
-
-
-def _props_path(home: Path, node_id: int) -> Path:
-    return _node_dir(home, node_id) / "server.properties"
-
-
-def _pid_path(home: Path, node_id: int) -> Path:
-    return _node_dir(home, node_id) / "pid"
-
-
-@contextlib.contextmanager
-def _locked(lock_file: Path) -> Iterator[None]:
-    """Serialise concurrent callers (two CLIs, parallel tests) on one home or jar dir."""
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
-    with lock_file.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _require_tool(name: str) -> str:
-    """Resolve a binary or fail with the one command that installs it."""
-    path = shutil.which(name)
-    if path is None:
-        raise InfraError(f"`{name}` is not on PATH; install Java and Maven with: {INSTALL_HINT}")
-    return path
-
-
-def _tail(path: Path, lines: int = _TAIL_LINES) -> str:
-    """Last lines of a log, for error messages that explain themselves."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
-# --------------------------------------------------------------------------- jars
-
-
-def _pom_hash() -> str:
-    return hashlib.sha256(_POM.read_bytes()).hexdigest()
-
-
-def _jar_dir(home: Path) -> Path:
-    override = os.environ.get(JARS_ENV)
-    return Path(override).expanduser().resolve() if override else home / "jars"
-
-
-def _has_kafka_jar(jar_dir: Path) -> bool:
-    return any(jar_dir.glob("kafka_2.13-*.jar"))
-
-
-def ensure_jars(base_dir: Path | None = None) -> Path:
-    """Resolve the broker's runtime classpath with Maven once per pom version; return its dir.
-
-    A marker file holding the pom's hash makes repeat calls free. A ``CRAWLFLEET_KAFKA_JARS``
-    directory that already holds Kafka jars but no marker (e.g. a tarball's ``libs/``) is used
-    as-is and never modified.
-    """
-    home = kafka_home(base_dir)
-    jar_dir = _jar_dir(home)
-    marker = jar_dir / _MARKER
-    digest = _pom_hash()
-    if _marker_matches(marker, digest):
-        return jar_dir
-    if not marker.exists() and _has_kafka_jar(jar_dir):
-        return jar_dir
-    with _locked(home / ".jars.lock"):
-        if not _marker_matches(marker, digest):
-            _resolve_jars(home, jar_dir)
-            marker.write_text(digest + "\n")
-    return jar_dir
-
-
-def _marker_matches(marker: Path, digest: str) -> bool:
-    try:
-        return marker.read_text().strip() == digest
-    except OSError:
-        return False
-
-
-def _resolve_jars(home: Path, jar_dir: Path) -> None:
-    """Run Maven into a clean jar dir so an old Kafka version never shares the classpath."""
-    mvn = _require_tool("mvn")
-    home.mkdir(parents=True, exist_ok=True)
-    pom = home / "pom.xml"
-    shutil.copyfile(_POM, pom)
-    jar_dir.mkdir(parents=True, exist_ok=True)
-    for stale in jar_dir.glob("*.jar"):
-        stale.unlink()
-    (jar_dir / _MARKER).unlink(missing_ok=True)
-    cmd = [
-        mvn, "-B", "-q", "-Dstyle.color=never", "-f", str(pom),
-        "dependency:copy-dependencies", "-DincludeScope=runtime",
-        f"-DoutputDirectory={jar_dir}",
-    ]  # fmt: skip
-    _log.info("resolving Kafka jars with Maven into %s", jar_dir)
-    proc = _run(cmd, _MVN_TIMEOUT_S, "Maven")
-    if proc.returncode != 0 or not _has_kafka_jar(jar_dir):
-        out = "\n".join((proc.stdout + proc.stderr).splitlines()[-_TAIL_LINES:])
-        raise InfraError(
-            f"Maven could not resolve Kafka jars from {pom} (is Maven Central reachable?):\n{out}"
-        )
-
-
-def _run(cmd: Sequence[str], timeout_s: float, what: str) -> subprocess.CompletedProcess[str]:
-    """Run a helper command, turning a hang into an InfraError instead of a stuck CLI."""
-    try:
-        return subprocess.run(
-            list(cmd), capture_output=True, text=True, timeout=timeout_s,
-            stdin=subprocess.DEVNULL, check=False,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired as exc:
-        raise InfraError(f"{what} did not finish within {timeout_s:.0f}s: {' '.join(cmd)}") from exc
-
-
-# --------------------------------------------------------------------------- cluster record
-
-
-def _read_cluster(home: Path) -> _Cluster | None:
-    path = home / _CLUSTER_FILE
-    try:
-        raw: dict[str, Any] = json.loads(path.read_text())
-        return _Cluster(
-            nodes=int(raw["nodes"]), base_port=int(raw["base_port"]),
-            cluster_id=str(raw["cluster_id"]), heap_mb=int(raw["heap_mb"]),
-            jars=str(raw["jars"]),
-        )  # fmt: skip
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise InfraError(f"{path} is unreadable ({exc}); remove {home} to start over") from exc
-
-
-def _write_cluster(home: Path, cluster: _Cluster) -> None:
-    """Atomic write, so a crash mid-write never leaves a cluster nobody can find again."""
-    tmp = home / (_CLUSTER_FILE + ".tmp")
-    tmp.write_text(json.dumps(asdict(cluster), indent=2) + "\n")
-    tmp.replace(home / _CLUSTER_FILE)
-
-
-def _require_cluster(home: Path) -> _Cluster:
-    cluster = _read_cluster(home)
-    if cluster is None:
-        raise InfraError(f"no Kafka cluster recorded in {home}; run `crawlfleet kafka up` first")
-    return cluster
-
-
-def _check_compatible(home: Path, cluster: _Cluster, nodes: int, base_port: int) -> None:
-    """Refuse to reshape a formatted cluster: its quorum and data are tied to nodes and ports."""
-    if cluster.nodes == nodes and cluster.base_port == base_port:
-        return
-    raise InfraError(
-        f"{home} holds a {cluster.nodes}-node cluster on base port {cluster.base_port}, but "
-        f"{nodes} node(s) on base port {base_port} were requested. Run `crawlfleet kafka down` "
-        f"first and pass a different --dir (or delete {home})."
-    )
 
 
 # --------------------------------------------------------------------------- configuration

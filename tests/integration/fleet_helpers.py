@@ -31,8 +31,9 @@ from confluent_kafka.admin import AdminClient
 from core.config import Settings
 from core.errors import CrawlfleetError
 from crawlfleet.crawl import settings_env
-from infra.clickhouse import PORT_FILE, query_owner, run_query
+from infra.clickhouse import PORT_FILE
 from infra.lag import LagProbe
+from infra.store_query import query_owner, run_query
 from infra.topics import create_topics, topology_of
 from producers.frontier import publish
 from schemas.codec import default_codec

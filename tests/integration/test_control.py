@@ -12,7 +12,7 @@ from rich.console import Console
 
 from core.config import Settings
 from crawlfleet.crawl import Plan, Summary, run_crawl
-from infra.clickhouse import run_query
+from infra.store_query import run_query
 from producers import control
 from sites.demo_site import DemoSite, bench_spec
 

@@ -14,7 +14,7 @@ from protego import Protego
 
 from core.config import Settings
 from crawlfleet.crawl import Plan, run_crawl
-from infra.clickhouse import run_query
+from infra.store_query import run_query
 from infra.topics import topology_of
 from infra.views import expand, load_views
 from sites.demo_site import USER_AGENT, DemoSite, demo_spec

@@ -23,7 +23,7 @@ from fleet_helpers import (
 
 from core.config import Settings
 from crawlfleet.crawl import settings_env
-from infra.clickhouse import run_query
+from infra.store_query import run_query
 from infra.views import GRAFANA_JSON, expand, load_views
 from sites.behaviour_site import Behaviour, BehaviourSite
 from sites.demo_site import free_port

@@ -45,7 +45,7 @@ from typer.testing import CliRunner
 from core.config import Settings
 from crawlfleet.cli import app
 from crawlfleet.crawl import Plan, print_summary, run_crawl
-from infra.clickhouse import run_query
+from infra.store_query import run_query
 from sites.hostile_site import (
     LOCATION_BYTES_TARGET,
     MAIN_SPELLING,

@@ -37,7 +37,7 @@ from fleet_helpers import (
 from core.config import Settings
 from core.errors import CrawlfleetError
 from crawlfleet.crawl import settings_env
-from infra.clickhouse import query_owner
+from infra.store_query import query_owner
 from sites.behaviour_site import Behaviour, BehaviourSite
 
 pytestmark = pytest.mark.integration

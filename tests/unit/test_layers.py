@@ -59,3 +59,16 @@ def test_the_fetch_session_is_wiring_only() -> None:
                 if lines[i] and not lines[i][0].isspace() and not lines[i].startswith("#")),
                len(lines))
     assert end - start <= 300, end - start
+
+
+def test_no_module_outside_the_sites_is_over_600_lines() -> None:
+    """Issue 18: a module that grows past 600 lines mixes concerns; the local sites of the
+    demo and the tests (``sites/``) are the exception: each is one site."""
+    big = {}
+    for package in ("crawlfleet", "core", "schemas", "producers", "consumers", "streams",
+                    "infra"):
+        for path in (ROOT / package).rglob("*.py"):
+            n = len(path.read_text().splitlines())
+            if n > 600:
+                big[str(path.relative_to(ROOT))] = n
+    assert not big, big

@@ -19,16 +19,8 @@ import pytest
 
 from core.config import Settings, load_settings
 from core.errors import CrawlfleetError
-from infra.clickhouse import (
-    PORT_FILE,
-    TOKEN_FILE,
-    TOKEN_HEADER,
-    QueryServer,
-    Store,
-    StoreOwnership,
-    query_owner,
-    run_query,
-)
+from infra.clickhouse import PORT_FILE, TOKEN_FILE, TOKEN_HEADER, Store, StoreOwnership
+from infra.store_query import QueryServer, query_owner, run_query
 
 
 @pytest.fixture

@@ -14,15 +14,8 @@ from pathlib import Path
 import pytest
 
 from core.config import Settings, load_settings
-from infra.clickhouse import (
-    OPEN_LOCK,
-    PORT_FILE,
-    PathLock,
-    Store,
-    StoreHeldError,
-    StoreOwnership,
-    run_query,
-)
+from infra.clickhouse import OPEN_LOCK, PORT_FILE, PathLock, Store, StoreHeldError, StoreOwnership
+from infra.store_query import run_query
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import pytest
 
 from core.config import load_settings
 from core.errors import ConfigError
-from infra.clickhouse import run_query
+from infra.store_query import run_query
 
 
 def test_no_store_here_names_the_absolute_path_and_how_to_point_elsewhere(
