@@ -120,3 +120,15 @@ def test_each_stage_is_a_statefulset_scaled_on_its_own_group_within_the_partitio
         assert so["spec"]["maxReplicaCount"] == topo.partitions
     pdbs = {d["metadata"]["name"] for d in _kind("PodDisruptionBudget")}
     assert pdbs == {f"crawlfleet-{s}" for s in STAGES}
+
+
+def test_the_image_copies_every_package_it_installs() -> None:
+    """A package missing from the image installs nothing and fails at the first import."""
+    import tomllib
+    root = Path(__file__).resolve().parents[2]
+    conf = tomllib.loads((root / "pyproject.toml").read_text())
+    packages = set(conf["tool"]["importlinter"]["root_packages"])
+    copied = {line.split()[1] for line in
+              (root / "infra" / "deploy" / "Dockerfile").read_text().splitlines()
+              if line.startswith("COPY ") and len(line.split()) == 3}
+    assert packages <= copied, packages - copied
