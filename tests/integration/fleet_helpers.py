@@ -308,7 +308,7 @@ def query_offline(settings: Settings, sql: str) -> list[list[Any]]:
     """Rows of ``sql`` while no store worker runs (e.g. it was killed): a short-lived child
     process opens the chDB path and exits, so the test process never holds chDB's lock."""
     code = ("import json, sys; from core.config import load_settings; "
-            "from infra.clickhouse import run_query; "
+            "from infra.store_query import run_query; "
             "print(json.dumps(run_query(load_settings(), sys.argv[1])[1], default=str))")
     env = {**os.environ, **settings_env(settings)}
     env.pop("CRAWLFLEET_CONFIG", None)
