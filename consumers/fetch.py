@@ -165,9 +165,11 @@ class _Session:
             self._base_interval, limit=self.s.max_inflight_per_target)
         self.seen = SeenStore(stage.state_dir("seen"), ttl_s=self.s.seen_ttl_s)
         self.membership = Membership(self.topo, "fetch")
-        self.restorer = Restorer("fetch", lambda parts: self.stores.restore(parts))
         self.parked = ParkedQueues(StateStore("parked", stage.state_dir("parked")),
                                    self.topo.partitions)
+        self.stores = FetchStores(self.s, self.topo, self.enc, self.seen, self.parked,
+                                  self.membership)
+        self.restorer = Restorer("fetch", self.stores.restore)
         self.robots = RobotsCache(self.s.robots_agent, self.s.robots_ttl_s,
                                   lambda t, i: self.policy.on_robots(t, i),
                                   max_origins=self.s.max_target_state)
@@ -185,8 +187,6 @@ class _Session:
         self.committer: TxnCommitter | None = None
         self.slow_start = SlowStart(floor=150)  # outputs (~3 per page) per transaction
         self.poll_gaps = PollGaps(self.status)
-        self.stores = FetchStores(self.s, self.topo, self.enc, self.seen, self.parked,
-                                  self.membership)
         self.intake = Intake(self.s, self.topo, self.enc, self.ledger, self.seen, self.parked,
                              self.policy, self.sched, self.rules, self.status, self.wake)
         self.dispatch = Dispatcher(self.s, self.topo, self.sched, self.policy, self.robots,
@@ -341,7 +341,9 @@ class _Session:
             self._restored(done)
         if self.members_stale:
             self._refresh_members()
-        self.status.add("seen_expired", self.stores.sweep_expired(time.monotonic()))
+        swept = self.stores.sweep_expired(time.monotonic())
+        if swept is not None:
+            self.status.add("seen_expired", swept)
         # Memory is bounded per target (work beyond a share is parked), so the worker as a
         # whole is full only when many targets are each at their share.
         buffered = len(self.sched) + self.dispatch.running

@@ -80,10 +80,11 @@ class FetchStores:
                                    if t == self.topo.parked})
         return gained
 
-    def sweep_expired(self, now: float) -> int:
-        """Expired dedupe keys give their disk back, a slice at a time (the keys swept)."""
+    def sweep_expired(self, now: float) -> int | None:
+        """Expired dedupe keys give their disk back, a slice at a time: the keys swept, or
+        None when no sweep is due (most polls)."""
         if now < self.sweep_at:
-            return 0
+            return None
         self.sweep_at = now + SWEEP_EVERY_S
         return self.seen.sweep()
 
