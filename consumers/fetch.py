@@ -60,10 +60,11 @@ from core.errors import (
     KafkaStageError,
 )
 from infra.topics import topology_of
-from streams.committer import FencedError, TxnCommitter, on_kafka_thread
+from streams.committer import TxnCommitter, on_kafka_thread
 from streams.control import ControlReader
 from streams.io import (
     Encoder,
+    FencedError,
     consume_ready,
     consumer_conf,
 )
@@ -73,7 +74,7 @@ from streams.restorer import Restored, Restorer
 from streams.slow_start import SlowStart
 from streams.state_store import StateStore
 from streams.status import PollGaps, StatusFile
-from streams.worker import StopFlag, wait_for_kafka, worker_name
+from streams.worker import REJOIN_PAUSE_S, StopFlag, wait_for_kafka, worker_name
 
 log = logging.getLogger("crawlfleet.fetch")
 R = TypeVar("R")
@@ -85,9 +86,6 @@ _STARVED_COMMIT_S = 0.1
 CONTROL_CATCH_UP_S = 30.0
 #: A control topic that cannot be read is tried again after this long.
 CONTROL_RETRY_S = 2.0
-#: A session that failed waits this long before the next one joins (the rejoin is within
-#: the session timeout, so static membership keeps the partitions).
-REJOIN_PAUSE_S = 1.0
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -63,6 +63,7 @@ from schemas.records import (
 from streams import faults
 from streams.io import (
     Encoder,
+    FencedError,
     Output,
     consume_ready,
     consumer_conf,
@@ -74,7 +75,14 @@ from streams.io import (
 )
 from streams.membership import Membership
 from streams.status import PollGaps, StatusFile
-from streams.worker import WAIT_FIRST_S, WAIT_LOG_EVERY_S, StopFlag, worker_name
+from streams.worker import (
+    REJOIN_PAUSE_S,
+    WAIT_FIRST_S,
+    WAIT_LOG_EVERY_S,
+    StopFlag,
+    wait_for_kafka,
+    worker_name,
+)
 
 log = logging.getLogger("crawlfleet.store")
 
@@ -245,8 +253,29 @@ class StoreStage:
             server.start()
         sampler = QueueSampler(self.s, self.store, self.worker, self.status)
         sampler.start()
-        group = self.topology.group("store")
-        consumer = Consumer(consumer_conf(self.s, group, self.worker))
+        try:
+            while not self.stop.requested:
+                try:
+                    self._session()
+                except FencedError as exc:
+                    # The consumer is over (a fatal error: fenced by a newer join of this
+                    # id). Rows written past the commit are inserted again from the
+                    # committed offsets, and collapse (token, ReplacingMergeTree).
+                    log.warning("store %s: its consumer ended, rejoining: %s", self.worker, exc)
+                    self.status.add("fenced")
+                    self._committed.clear()
+                    self._revoked.clear()
+                    self.stop.wait(REJOIN_PAUSE_S)
+                    wait_for_kafka(self.s, self.stop, self.status, f"store {self.worker}")
+        finally:
+            sampler.stop()
+            if server:
+                server.stop()
+            self.store.close()
+
+    def _session(self) -> None:
+        """One consumer's life in the group: collect, insert, commit, until stopped."""
+        consumer = Consumer(consumer_conf(self.s, self.topology.group("store"), self.worker))
         Membership(self.topology, self.stage).subscribe(consumer, on_revoke=self._on_revoke,
                                                          report=self.status)
         try:
@@ -268,11 +297,7 @@ class StoreStage:
                 self._commit(consumer, offsets)
                 self.status.write()
         finally:
-            sampler.stop()
             consumer.close()
-            if server:
-                server.stop()
-            self.store.close()
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for p in partitions:

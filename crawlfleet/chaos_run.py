@@ -45,7 +45,7 @@ from crawlfleet.chaos_audit import (
 from crawlfleet.chaos_report import ChaosReport, FaultRecord, Kill
 from crawlfleet.crawl import Fleet, Plan, wait_ready
 from crawlfleet.drain import DrainCheck, broker_state
-from crawlfleet.evidence import keep_evidence
+from crawlfleet.evidence import keep_evidence, stuck_notes
 from crawlfleet.exposure import Exposure, repeats_by_fault
 from crawlfleet.fault_inject import (
     FREEZE_MARGIN_S,
@@ -191,6 +191,10 @@ class ChaosRound:
             if not drained and drain.why:
                 self.notes.append(f"not drained within {self.spec.timeout_s:g}s; last check: "
                                   f"{drain.why}")
+                # What the stuck workers said last: in CI the round's folder is gone once
+                # the job ends, and the report is all that is left to read.
+                self.notes += stuck_notes(drain.stuck, drain.silent, self.fleet.log_dir,
+                                          {w: p.pid for w, p in self.fleet.procs.items()})
             try:
                 result = self._audit(drained, crawl_s, drain_s)
             except CrawlfleetError as exc:  # e.g. the store never served again: a stall

@@ -11,6 +11,7 @@ only when everything else is calm.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,17 +72,47 @@ def broker_state(settings: Settings, topo: Topology, timeout_s: float = 10.0) ->
     return out
 
 
+#: A live worker whose status file is this much older than its loop writes it (every
+#: 0.5 s, and at least once per 0.2-s poll when idle) is stuck inside a call: say so.
+SILENT_S = 15.0
+
+
 def unsettled_gauges(statuses: list[dict[str, Any]], lags: dict[str, int],
-                     workers: int) -> str:
-    """What the lags and gauges say keeps the pipeline busy ('' when they say calm)."""
+                     workers: int, now: float | None = None) -> str:
+    """What the lags and gauges say keeps the pipeline busy ('' when they say calm).
+
+    A status file that stopped being written is named as such (``silent``): its gauges
+    are the last the worker wrote before its loop stopped turning, not what it holds.
+    """
+    now = time.time() if now is None else now
     out = [f"{k} lag {v}" for k, v in lags.items() if v != 0]
     if len(statuses) < workers:
         out.append(f"{len(statuses)} of {workers} status files")
     for st in statuses:
+        silent = now - st.get("wall", now)
+        if silent >= SILENT_S:
+            out.append(f"{st.get('worker')} silent {silent:.0f}s (its loop has not written "
+                       f"its status since)")
+            continue
         busy = holds_work(st.get("gauges", {}))
         if busy or st.get("idle_s", 0) < IDLE_S:
             out.append(f"{st.get('worker')} idle {st.get('idle_s')}s {busy or ''}".rstrip())
     return "; ".join(out)
+
+
+def silent_workers(statuses: list[dict[str, Any]], now: float | None = None) -> set[str]:
+    """The workers whose status file stopped being written (see :data:`SILENT_S`)."""
+    now = time.time() if now is None else now
+    return {str(st.get("worker")) for st in statuses if now - st.get("wall", now) >= SILENT_S}
+
+
+def stuck_workers(statuses: list[dict[str, Any]], lags: dict[str, int],
+                  now: float | None = None) -> list[str]:
+    """The workers to look at when a round does not drain: every worker of a stage with
+    lag, and every silent one."""
+    lagging = {k for k, v in lags.items() if v}
+    return sorted({str(st.get("worker")) for st in statuses if st.get("stage") in lagging}
+                  | silent_workers(statuses, now))
 
 
 class DrainCheck:
@@ -93,6 +124,8 @@ class DrainCheck:
         self.fleet = fleet
         self.probe = LagProbe(settings)
         self.why = ""  # why the last check said "not drained"
+        self.stuck: list[str] = []  # the workers the last check found lagging or silent
+        self.silent: set[str] = set()  # of those, the ones whose loop stopped turning
         self.last_broker: BrokerState | None = None
 
     def drained(self, statuses: list[dict[str, Any]]) -> bool:
@@ -102,6 +135,7 @@ class DrainCheck:
             return False
         lags = self.probe.stage_lags(self.topo)
         busy = unsettled_gauges(statuses, lags, sum(self.fleet.plan.counts().values()))
+        self.stuck, self.silent = stuck_workers(statuses, lags), silent_workers(statuses)
         if busy:
             self.why = busy
             return False

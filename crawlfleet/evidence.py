@@ -12,12 +12,17 @@ broker still run:
 - ``lost_in_logs.txt``: the worker log lines that name a lost URL;
 - ``broker-logs/``: the tail of each broker's ``server.log``.
 
-The first few lost URLs' lineage is also printed, so a failure in CI says why at once.
+The first few lost URLs' lineage is also printed, so a failure in CI says why at once; a
+round that did not drain also says what its stuck workers logged last and, for one whose loop
+stopped turning, where each of its threads stands (``py-spy dump``).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -114,3 +119,45 @@ def _broker_logs(kafka_home: Path, into: Path) -> None:
         with log.open("rb") as fh:
             fh.seek(max(0, size - BROKER_LOG_TAIL))
             (into / f"{log.parent.parent.name}.log").write_bytes(fh.read())
+
+
+def log_tail(log: Path, lines: int = 25) -> list[str]:
+    """The last ``lines`` lines of a worker's log that are its own (librdkafka's
+    connection chatter, ``%N|…``, left out: a broker restart floods the log with it)."""
+    try:
+        with log.open("rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 256 * 1024))
+            text = f.read().decode("utf-8", "replace")
+    except OSError as exc:
+        return [f"(no log: {exc})"]
+    own = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("%")]
+    return own[-lines:]
+
+
+def stack_dump(pid: int, timeout_s: float = 30.0) -> list[str]:
+    """Where every thread of the live process ``pid`` stands (``py-spy dump``), for a worker
+    whose loop stopped turning: the call it is stuck in is the finding."""
+    beside = Path(sys.executable).with_name("py-spy")  # the venv's, from the dev extra
+    spy = str(beside) if beside.exists() else shutil.which("py-spy") or "py-spy"
+    try:
+        out = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True,
+                             timeout=timeout_s, check=False, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return [f"(no stack dump: {exc})"]
+    text = out.stdout if out.returncode == 0 else f"(py-spy failed: {out.stderr.strip()[:300]})"
+    return [ln for ln in text.splitlines() if ln.strip()][:80]
+
+
+def stuck_notes(stuck: list[str], silent: set[str], log_dir: Path,
+                pids: dict[str, int]) -> list[str]:
+    """One note per stuck worker: its log's last lines, and its stacks if it is silent."""
+    notes = []
+    for wid in stuck:
+        tail = log_tail(log_dir / f"{wid}.log")
+        note = f"{wid}'s log, last {len(tail)} lines of its own:\n  " + "\n  ".join(tail)
+        if wid in silent and wid in pids:
+            note += "\n" + f"{wid}'s threads (py-spy dump):\n  " + "\n  ".join(
+                stack_dump(pids[wid]))
+        notes.append(note)
+    return notes

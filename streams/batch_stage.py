@@ -16,9 +16,10 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from core.config import Settings
 from core.errors import DecodeError, FatalError, KafkaStageError
 from infra.topics import topology_of
-from streams.committer import FencedError, TxnCommitter
+from streams.committer import TxnCommitter
 from streams.io import (
     Encoder,
+    FencedError,
     Output,
     consume_ready,
     consumer_conf,
@@ -30,12 +31,9 @@ from streams.io import (
 from streams.membership import Membership
 from streams.slow_start import SlowStart
 from streams.status import PollGaps, StatusFile
-from streams.worker import StopFlag, wait_for_kafka, worker_name
+from streams.worker import REJOIN_PAUSE_S, StopFlag, wait_for_kafka, worker_name
 
 log = logging.getLogger("crawlfleet.stage")
-#: A session that failed waits this long before the next one joins (within the session
-#: timeout, so static membership keeps the partitions).
-REJOIN_PAUSE_S = 1.0
 
 
 class NotDueError(Exception):

@@ -28,16 +28,10 @@ from confluent_kafka import (
 from core.config import Settings
 from core.errors import CrawlfleetError, KafkaStageError
 from streams import faults
-from streams.io import Output, producer_conf, transaction_timeout_ms
+from streams.io import FencedError, Output, producer_conf, transaction_timeout_ms
 
 log = logging.getLogger("crawlfleet.runtime")
 R = TypeVar("R")
-
-
-class FencedError(CrawlfleetError):
-    """This worker no longer owns its transactional id or its partitions: drop and rejoin."""
-
-    reason = "fenced"
 
 
 class TxnAbortedError(KafkaStageError):

@@ -12,14 +12,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from core import __version__
 from core.config import Settings
-from core.errors import DecodeError
+from core.errors import CrawlfleetError, DecodeError
 from schemas.codec import Codec, Headers, R, default_codec
 from schemas.records import Control, CrawlJob, DeadLetter
 from schemas.topics import Topology, partition_for
+
+
+class FencedError(CrawlfleetError):
+    """This worker no longer owns its transactional id or its partitions: drop and rejoin."""
+
+    reason = "fenced"
 
 
 @dataclass(frozen=True)
@@ -128,13 +134,23 @@ def consume_ready(consumer: Consumer, max_n: int, timeout: float) -> list[Messag
     ``Consumer.consume(n, timeout)`` returns only when it has ``n`` records or the timeout
     has passed, so a lightly loaded stage would sit out the whole timeout on every call and
     add it to every hop of the crawl.
+
+    A fatal consumer error ends the consumer (librdkafka delivers it once, then nothing
+    ever again): raised as :class:`FencedError`, so the stage drops its session and rejoins
+    with a new consumer instead of polling a dead one forever. A static member gets one
+    when the group has taken its ``group.instance.id`` for a newer join -- which a join
+    retried across a whole-cluster restart can do to a live worker.
     """
     first = consumer.poll(timeout)
     if first is None:
         return []
-    if max_n <= 1:
-        return [first]
-    return [first, *consumer.consume(max_n - 1, 0)]
+    msgs = [first] if max_n <= 1 else [first, *consumer.consume(max_n - 1, 0)]
+    for msg in msgs:
+        err = msg.error()
+        # The event's code is _FATAL; its own fatal() flag is False (measured, 2.16).
+        if err is not None and (err.fatal() or err.code() == KafkaError._FATAL):
+            raise FencedError(f"consumer: {err.str()}")
+    return msgs
 
 
 def stable_committed(settings: Settings, group: str,

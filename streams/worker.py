@@ -110,6 +110,11 @@ def kafka_target(settings: Settings) -> tuple[Settings | None, str]:
                   "local broker (`crawlfleet kafka up`)")
 
 
+#: A session that failed waits this long before the next one joins (the rejoin is within
+#: the session timeout, so static membership keeps the partitions).
+REJOIN_PAUSE_S = 1.0
+
+
 def kafka_answers(settings: Settings, timeout_s: float = 2.0) -> str | None:
     """None if a broker of ``settings`` answers a metadata request, else why not."""
     # Quiet: while the broker is down librdkafka would log every failed connect (several
