@@ -72,7 +72,7 @@ from streams.ledger import Ledger, Pending
 from streams.membership import Membership, group_share
 from streams.restorer import Restored, Restorer
 from streams.slow_start import SlowStart
-from streams.state_store import StateStore
+from streams.state_store import StateStore, store_dir
 from streams.status import PollGaps, StatusFile
 from streams.worker import REJOIN_PAUSE_S, StopFlag, wait_for_kafka, worker_name
 
@@ -128,8 +128,7 @@ class FetchStage:
         await _Session(self).run()
 
     def state_dir(self, store: str) -> Path:
-        return self.s.data_dir / store / (self.s.topic_prefix.rstrip(".") or "default") \
-            / self.worker
+        return store_dir(self.s, store, self.worker)
 
 
 def commit_due(since_commit_s: float, completed: int, queued: int, running: int,

@@ -43,7 +43,7 @@ from schemas.topics import HEADER_SCHEMA, RETRY_DELAYS_S
 from streams.batch_stage import BatchStage
 from streams.io import Output, offset_of, producer_conf, stable_committed, tp_of
 from streams.restorer import Restored, Restorer
-from streams.state_store import META, StateStore
+from streams.state_store import META, StateStore, store_dir
 
 log = logging.getLogger("crawlfleet.retry")
 
@@ -67,8 +67,7 @@ class RetryStage(BatchStage):
         self._tiers = {self.topology.retry(d): (i, d * 1000) for i, d in enumerate(RETRY_DELAYS_S)}
         self.changelogs = frozenset({self.topology.timers})
         self.clock = timers.BrokerClock()
-        self.store = StateStore("timers", self.settings.data_dir / "timers" / (
-            self.topology.prefix.rstrip(".") or "default") / self.worker)
+        self.store = StateStore("timers", store_dir(self.settings, "timers", self.worker))
         self._counts: dict[int, int] = {}  # live timers per usable partition
         self._pending: dict[int, list[Change]] = defaultdict(list)  # uncommitted changes
         self._unready: set[int] = set()  # assigned, but no usable store: inputs paused

@@ -63,11 +63,11 @@ from crawlfleet.fault_plan import (
     RESTART_ALL,
     ROLLING_RESTART,
     STATE_WIPE,
-    STATEFUL_STAGES,
     STORE_RESTART,
     WORKER_KILL,
     PlannedFault,
     StageCycle,
+    stateful_stages,
 )
 from crawlfleet.loss_check import check_run
 from infra.topics import create_topics, topology_of
@@ -347,7 +347,7 @@ class ChaosRound:
                                     self.stop_worker, lambda: list(self.fleet.procs),
                                     self._serving, lambda: len(self.site.requests))
         elif kind == STATE_WIPE:
-            victim = self.wipe_cycle.next_victim(list(self.fleet.procs), STATEFUL_STAGES)
+            victim = self.wipe_cycle.next_victim(list(self.fleet.procs), stateful_stages())
             rec.target = victim
             wipe_state(self.s, self.kill, victim, victim.rsplit("-", 1)[0], rec)
             rec.ended_at_s = round(time.monotonic() - self.t0, 2)

@@ -3,10 +3,10 @@
 Gauges say what a worker holds in memory; a job parked on disk or waiting in a timer store
 whose worker died (or dropped it) is work no gauge shows. So a round counts as drained only
 when every process is up, every worker is idle with nothing held, no stage has lag, *and*
-the broker's ``crawl.parked`` and ``crawl.timers`` changelogs hold no live entry, read to a
-stable end (:func:`infra.live_state.live_entries`; an open transaction on a partition makes
-the count unsettled, so not drained). The cheap checks go first; the changelogs are read
-only when everything else is calm.
+every stage's state changelog (``crawl.parked``, ``crawl.timers``, a declared stage's own)
+holds no live entry, read to a stable end (:func:`infra.live_state.live_entries`; an open
+transaction on a partition makes the count unsettled, so not drained). The cheap checks go
+first; the changelogs are read only when everything else is calm.
 """
 
 from __future__ import annotations
@@ -20,53 +20,44 @@ from core.errors import InfraError
 from crawlfleet.crawl import IDLE_S, Fleet
 from infra.lag import LagProbe
 from infra.live_state import LiveEntries, live_entries
-from schemas.topics import Topology, stages
+from schemas.topics import Topology, stage_spec, stages
 from streams.status import holds_work
 
 
 @dataclass
 class BrokerState:
-    """Live entries of the state changelogs, as the broker holds them."""
+    """Live entries of every stage's state changelogs, as the broker holds them, by the
+    changelog's name in the topology (``crawl.parked``, ``crawl.timers``, a declared
+    stage's own)."""
 
-    parked: int = 0
-    timers: int = 0
-    others: dict[str, int] = field(default_factory=dict)  # declared stages' state topics
-    unsettled: dict[str, list[int]] = field(default_factory=dict)  # topic -> partitions
+    live: dict[str, int] = field(default_factory=dict)
+    unsettled: dict[str, list[int]] = field(default_factory=dict)  # changelog -> partitions
     error: str = ""
 
     @property
     def empty(self) -> bool:
-        return not self.parked and not self.timers and not any(self.others.values()) \
-            and not self.unsettled and not self.error
+        return not any(self.live.values()) and not self.unsettled and not self.error
 
     def describe(self) -> str:
-        parts = []
-        if self.parked:
-            parts.append(f"crawl.parked holds {self.parked} live entries")
-        if self.timers:
-            parts.append(f"crawl.timers holds {self.timers} live entries")
-        parts += [f"{t} holds {n} live entries" for t, n in self.others.items() if n]
-        parts += [f"{t} unsettled on partitions {ps}" for t, ps in self.unsettled.items()]
+        parts = [f"{name} holds {n} live entries" for name, n in self.live.items() if n]
+        parts += [f"{name} unsettled on partitions {ps}" for name, ps in self.unsettled.items()]
         if self.error:
             parts.append(self.error)
-        return "; ".join(parts) or "no live parked or timer entries"
+        return "; ".join(parts) or "no live entries in any state changelog"
 
 
 def broker_state(settings: Settings, topo: Topology, timeout_s: float = 10.0) -> BrokerState:
     """Count the live entries of every stage's state changelogs on the broker (as the
-    topology declares them: ``crawl.parked``, ``crawl.timers`` and any declared stage's)."""
+    topology declares them: ``StageSpec.state_topics``)."""
     out = BrokerState()
-    own = {topo.parked: "parked", topo.timers: "timers"}
     try:
-        for topic in (t for stage in stages() for t in topo.state_topics(stage)):
-            live: LiveEntries = live_entries(settings, topic, topo.partitions, timeout_s)
-            name = own.get(topic, topic)
-            if name in ("parked", "timers"):
-                setattr(out, name, live.total)
-            else:
-                out.others[name] = live.total
-            if live.unsettled:
-                out.unsettled[name] = sorted(live.unsettled)
+        for stage in stages():
+            for name, topic in zip(stage_spec(stage).state_topics, topo.state_topics(stage),
+                                   strict=True):
+                live: LiveEntries = live_entries(settings, topic, topo.partitions, timeout_s)
+                out.live[name] = live.total
+                if live.unsettled:
+                    out.unsettled[name] = sorted(live.unsettled)
     except InfraError as exc:
         out.error = f"changelogs unreadable: {exc}"
     return out

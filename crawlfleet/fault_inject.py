@@ -26,6 +26,8 @@ from crawlfleet.chaos_report import FaultRecord
 from crawlfleet.crawl import settings_env
 from crawlfleet.fault_plan import ROLLING_RESTART, STATE_WIPE, STORE_RESTART
 from infra import kafka_local
+from schemas.topics import stage_spec
+from streams.state_store import store_dir
 
 #: A killed broker stays down this long before it is started again.
 BROKER_DOWN_S = 10.0
@@ -194,11 +196,9 @@ class StoreRestart(FaultThread):
 
 
 def state_dirs(settings: Settings, stage: str, worker: str) -> list[Path]:
-    """A worker's local state directories, as the stages lay them out (fetch:
-    ``FetchStage.state_dir``, seen and parked stores; retry: its timer store)."""
-    ns = settings.topic_prefix.rstrip(".") or "default"
-    stores = {"fetch": ("seen", "parked"), "retry": ("timers",)}.get(stage, ())
-    return [settings.data_dir / store / ns / worker for store in stores]
+    """A worker's local state directories: each store its stage declares, where the stage
+    keeps it (:func:`streams.state_store.store_dir`)."""
+    return [store_dir(settings, store, worker) for store in stage_spec(stage).stores]
 
 
 def wipe_state(settings: Settings, kill: KillFn, worker: str, stage: str,

@@ -19,6 +19,8 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from schemas.topics import stage_spec, stages
+
 WORKER_KILL = "worker_kill"  # kill -9 of one stage worker; the fleet restarts it
 BROKER_KILL = "broker_kill"  # kill -9 of one broker, restarted after a while
 BROKER_FREEZE = "broker_freeze"  # SIGSTOP of one broker past the session timeout, SIGCONT
@@ -35,8 +37,12 @@ HEAVY: tuple[str, ...] = (BROKER_KILL, BROKER_FREEZE, RESTART_ALL, STORE_RESTART
 FAULT_KINDS: tuple[str, ...] = (WORKER_KILL, *HEAVY, ROLLING_RESTART)
 #: Faults that need a second and third broker to leave the cluster serving.
 NEEDS_THREE_NODES = frozenset({BROKER_KILL, BROKER_FREEZE})
-#: Stages with local state a wipe can delete (fetch: seen + parked; retry: timers).
-STATEFUL_STAGES: tuple[str, ...] = ("fetch", "retry")
+
+
+def stateful_stages() -> tuple[str, ...]:
+    """The stages with local state a wipe can delete: those that declare ``stores``
+    (fetch: seen + parked; retry: timers; any declared stage's own)."""
+    return tuple(st for st in stages() if stage_spec(st).stores)
 
 #: Heavy faults fire between these shares of the pages requested: late enough for work
 #: to be in flight everywhere, early enough to recover under load, not in the tail.

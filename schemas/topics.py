@@ -33,7 +33,10 @@ class StageSpec:
     ``entry`` is ``"module:Class"``: ``Class(settings, worker_id, stop)`` is the worker
     (``streams.batch_stage.BatchStage`` gives one the whole runtime). ``state_topics`` are
     changelogs holding work (parked jobs, timers): a crawl is drained only when the broker
-    holds no live entry in them. ``label`` names the stage's queue in progress tables.
+    holds no live entry in them. ``stores`` are the local state stores the stage owns, each
+    rebuilt from its changelog (:func:`streams.state_store.store_dir` lays them out): a
+    worker's local state can be wiped and must come back from the broker. ``label`` names
+    the stage's queue in progress tables.
     """
 
     name: str
@@ -42,6 +45,7 @@ class StageSpec:
     followers: tuple[str, ...] = ()
     state_topics: tuple[str, ...] = ()
     label: str = ""
+    stores: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,8 @@ class TopicDecl:
 _BUILTIN: dict[str, StageSpec] = {
     "fetch": StageSpec("fetch", ("crawl.frontier", "crawl.frontier.high"),
                        "consumers.fetch:FetchStage", followers=("crawl.frontier.high",),
-                       state_topics=("crawl.parked",), label="frontier"),
+                       state_topics=("crawl.parked",), label="frontier",
+                       stores=("seen", "parked")),
     "parse": StageSpec("parse", ("crawl.fetched",), "consumers.parse:ParseStage",
                        label="fetched→parse"),
     "store": StageSpec("store", ("crawl.parsed", "crawl.telemetry", "crawl.dead",
@@ -67,7 +72,7 @@ _BUILTIN: dict[str, StageSpec] = {
     "retry": StageSpec("retry", tuple(f"crawl.retry.{d}s" for d in RETRY_DELAYS_S),
                        "consumers.retry:RetryStage",
                        followers=tuple(f"crawl.retry.{d}s" for d in RETRY_DELAYS_S[1:]),
-                       state_topics=("crawl.timers",), label="retry"),
+                       state_topics=("crawl.timers",), label="retry", stores=("timers",)),
 }
 _REGISTERED: dict[str, StageSpec] = {}
 _TOPICS: dict[str, TopicDecl] = {}

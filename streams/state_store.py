@@ -124,6 +124,12 @@ def _settled(settings: Settings, admin: AdminClient, consumer: Consumer, topic: 
     return {p for p in parts if max(at_lso[p], positions.get(p, -1)) >= high.get(p, 0)}
 
 
+def store_dir(settings: Settings, store: str, worker: str) -> Path:
+    """Where ``worker`` keeps its local copy of ``store``: one directory per crawl namespace
+    (the topic prefix) and worker, so crawls and workers never share one."""
+    return settings.data_dir / store / (settings.topic_prefix.rstrip(".") or "default") / worker
+
+
 class StateStore:
     """Committed state of the changelog partitions this worker owns, on local disk."""
 
