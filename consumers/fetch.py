@@ -32,7 +32,6 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, TypeVar
 
 from confluent_kafka import (
@@ -127,9 +126,6 @@ class FetchStage:
     async def _session(self) -> None:
         await _Session(self).run()
 
-    def state_dir(self, store: str) -> Path:
-        return store_dir(self.s, store, self.worker)
-
 
 def commit_due(since_commit_s: float, completed: int, queued: int, running: int,
                burst_cap: int, interval_s: float) -> bool:
@@ -160,9 +156,9 @@ class _Session:
         self.rules = OutcomeRules(self.s, self.topo, self.enc, stage.worker)
         self.sched: TargetScheduler[Pending] = TargetScheduler(
             self._base_interval, limit=self.s.max_inflight_per_target)
-        self.seen = SeenStore(stage.state_dir("seen"), ttl_s=self.s.seen_ttl_s)
+        self.seen = SeenStore(store_dir(self.s, "seen", stage.worker), ttl_s=self.s.seen_ttl_s)
         self.membership = Membership(self.topo, "fetch")
-        self.parked = ParkedQueues(StateStore("parked", stage.state_dir("parked")),
+        self.parked = ParkedQueues(StateStore("parked", store_dir(self.s, "parked", stage.worker)),
                                    self.topo.partitions)
         self.stores = FetchStores(self.s, self.topo, self.enc, self.seen, self.parked,
                                   self.membership)

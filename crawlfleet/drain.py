@@ -98,12 +98,12 @@ def silent_workers(statuses: list[dict[str, Any]], now: float | None = None) -> 
 
 
 def stuck_workers(statuses: list[dict[str, Any]], lags: dict[str, int],
-                  now: float | None = None) -> list[str]:
+                  silent: set[str]) -> list[str]:
     """The workers to look at when a round does not drain: every worker of a stage with
-    lag, and every silent one."""
+    lag, and every ``silent`` one."""
     lagging = {k for k, v in lags.items() if v}
     return sorted({str(st.get("worker")) for st in statuses if st.get("stage") in lagging}
-                  | silent_workers(statuses, now))
+                  | silent)
 
 
 class DrainCheck:
@@ -126,7 +126,8 @@ class DrainCheck:
             return False
         lags = self.probe.stage_lags(self.topo)
         busy = unsettled_gauges(statuses, lags, sum(self.fleet.plan.counts().values()))
-        self.stuck, self.silent = stuck_workers(statuses, lags), silent_workers(statuses)
+        self.silent = silent_workers(statuses)
+        self.stuck = stuck_workers(statuses, lags, self.silent)
         if busy:
             self.why = busy
             return False

@@ -37,9 +37,10 @@ def test_a_calm_fleet_reads_calm() -> None:
 def test_the_stuck_are_the_lagging_stages_workers_and_the_silent() -> None:
     statuses = [status("store-0", "store", 0.1), status("fetch-1", "fetch", SILENT_S),
                 status("fetch-0", "fetch", 0.1), status("parse-0", "parse", 0.1)]
-    assert stuck_workers(statuses, {"store": 3, "parse": 0, "fetch": 0}, now=NOW) == [
+    silent = silent_workers(statuses, now=NOW)
+    assert silent == {"fetch-1"}
+    assert stuck_workers(statuses, {"store": 3, "parse": 0, "fetch": 0}, silent) == [
         "fetch-1", "store-0"]
-    assert silent_workers(statuses, now=NOW) == {"fetch-1"}
 
 
 def test_a_log_tail_keeps_the_workers_own_lines(tmp_path: Path) -> None:
