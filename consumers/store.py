@@ -28,18 +28,11 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from confluent_kafka import (
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import Message
 
 from consumers.sampler import QueueSampler
 from core.config import Settings
-from core.errors import DecodeError, InfraError, KafkaStageError
+from core.errors import DecodeError, InfraError
 from infra.clickhouse import (
     DEAD_COLUMNS,
     EVENT_COLUMNS,
@@ -50,7 +43,6 @@ from infra.clickhouse import (
     StoreOwnership,
 )
 from infra.store_query import QueryServer
-from infra.topics import topology_of
 from schemas.codec import default_codec
 from schemas.records import (
     CrawlJob,
@@ -62,26 +54,16 @@ from schemas.records import (
 )
 from streams import faults
 from streams.io import (
-    Encoder,
-    FencedError,
     Output,
-    consume_ready,
-    consumer_conf,
     offset_of,
-    producer_conf,
     raw_value,
-    rewind,
     tp_of,
 )
-from streams.membership import Membership
-from streams.status import PollGaps, StatusFile
+from streams.sink_stage import SinkStage
 from streams.worker import (
-    REJOIN_PAUSE_S,
     WAIT_FIRST_S,
     WAIT_LOG_EVERY_S,
     StopFlag,
-    wait_for_kafka,
-    worker_name,
 )
 
 log = logging.getLogger("crawlfleet.store")
@@ -180,36 +162,26 @@ STORE_POLL_MAX_S = 0.5
 _QUIET_S = 0.15
 
 
-class StoreStage:
+class StoreStage(SinkStage):
     stage = "store"
 
     def __init__(self, settings: Settings, worker_id: str | None = None,
                  stop: StopFlag | None = None) -> None:
-        self.s = settings
-        self.topology = topology_of(settings)
-        self.worker = worker_name(self.stage, worker_id, settings.data_dir / "workers")
-        self.stop = stop if stop is not None else StopFlag()
-        self.codec = default_codec()
-        self.status = StatusFile(settings.status_dir, self.stage, self.worker)
-        self.poll_gaps = PollGaps(self.status)
-        self.store: Store  # opened by run(), once it is available
+        super().__init__(settings, worker_id, stop, default_codec())
+        self.codec = self.encoder.codec
+        self.store: Store  # opened by serve(), once it is available
         self._ownership = StoreOwnership(settings) if not settings.clickhouse_dsn.get() \
             else None
-        self._committed: dict[tuple[str, int], int] = {}
-        self._revoked: set[tuple[str, int]] = set()
-        self._encoder = Encoder(self.topology, self.worker, self.codec)
-        self._producer: Producer | None = None  # made for the first undecodable record
 
     def run(self) -> None:
         try:
-            store = self._open()
-            if store is not None:
-                self.store = store
-                self._serve()
+            super().run()
         finally:
             if self._ownership is not None:
                 self._ownership.release()
-            self.status.remove()
+
+    def batch_limits(self) -> tuple[int, float, float]:
+        return self.s.store_batch_rows, self.s.store_batch_wait_s, _QUIET_S
 
     def _open(self) -> Store | None:
         """The store, once it can be had (None if stopped first): claimed for this worker's
@@ -247,111 +219,29 @@ class StoreStage:
             delay = min(STORE_POLL_MAX_S, delay * 2)
         return None
 
-    def _serve(self) -> None:
+    def serve(self) -> None:
+        """The store for the worker's life; consumer sessions come and go inside it (a
+        fenced consumer is made new, the store, query server and sampler stay open). Rows
+        written past a failed session's commit are inserted again from the committed
+        offsets, and collapse (token, ReplacingMergeTree)."""
+        store = self._open()
+        if store is None:
+            return
+        self.store = store
         server = QueryServer(self.store, self.s.clickhouse_path) if self.store.embedded else None
         if server:
             server.start()
         sampler = QueueSampler(self.s, self.store, self.worker, self.status)
         sampler.start()
         try:
-            while not self.stop.requested:
-                try:
-                    self._session()
-                except FencedError as exc:
-                    # The consumer is over (a fatal error: fenced by a newer join of this
-                    # id). Rows written past the commit are inserted again from the
-                    # committed offsets, and collapse (token, ReplacingMergeTree).
-                    log.warning("store %s: its consumer ended, rejoining: %s", self.worker, exc)
-                    self.status.add("fenced")
-                    self._committed.clear()
-                    self._revoked.clear()
-                    self.stop.wait(REJOIN_PAUSE_S)
-                    wait_for_kafka(self.s, self.stop, self.status, f"store {self.worker}")
+            self.rejoining()
         finally:
             sampler.stop()
             if server:
                 server.stop()
             self.store.close()
 
-    def _session(self) -> None:
-        """One consumer's life in the group: collect, insert, commit, until stopped."""
-        consumer = Consumer(consumer_conf(self.s, self.topology.group("store"), self.worker))
-        Membership(self.topology, self.stage).subscribe(consumer, on_revoke=self._on_revoke,
-                                                         report=self.status)
-        try:
-            while not self.stop.requested:
-                batch = self._collect(consumer)
-                if self._revoked:
-                    # Moved while collecting (only those partitions: rebalances are
-                    # incremental): the new owner stores them, from the committed offset.
-                    batch = [m for m in batch if tp_of(m) not in self._revoked]
-                    owned = {(p.topic, p.partition) for p in consumer.assignment()}
-                    # One revoked and assigned again: re-read it from its committed offset.
-                    rewind(consumer, [TopicPartition(t, p) for t, p in self._revoked & owned])
-                    self._revoked.clear()
-                offsets = self._write(batch) if batch else {}
-                # Stored, offsets not committed yet: rows a crash now would insert again
-                # (dropped by the deduplication token only if the replay batches alike).
-                self.status.gauges["uncommitted"] = self.status.gauges.get(
-                    "uncommitted", 0) + len(batch)
-                self._commit(consumer, offsets)
-                self.status.write()
-        finally:
-            consumer.close()
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        for p in partitions:
-            self._revoked.add((p.topic, p.partition))
-            self._committed.pop((p.topic, p.partition), None)
-
-    def _collect(self, consumer: Consumer) -> list[Message]:
-        """Records for one insert: at most ``store_batch_rows``, gathered for at most
-        ``store_batch_wait_s`` after the first one, and cut short when the input goes quiet
-        (then nothing more is coming soon and waiting would only delay the results)."""
-        batch: list[Message] = []
-        rows = self.s.store_batch_rows
-        deadline: float | None = None
-        while len(batch) < rows and not self.stop.requested:
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                break
-            timeout = 0.2 if deadline is None else min(deadline - now, _QUIET_S)
-            got = False
-            self.poll_gaps.tick()
-            for msg in consume_ready(consumer, min(1000, rows - len(batch)), timeout):
-                err = msg.error()
-                if err is None:
-                    batch.append(msg)
-                    got = True
-                elif err.code() != KafkaError._PARTITION_EOF:
-                    log.warning("store consume error: %s", err)
-            if got and deadline is None:
-                deadline = now + self.s.store_batch_wait_s
-            elif not got:
-                if batch:
-                    break
-                self.status.write()
-        return batch
-
-    def _commit(self, consumer: Consumer, offsets: dict[tuple[str, int], int]) -> None:
-        """Commit what was written, and positions past transaction markers when idle."""
-        for pos in consumer.position(consumer.assignment()):
-            key = (pos.topic, pos.partition)
-            if pos.offset > offsets.get(key, -1):
-                offsets[key] = pos.offset
-        changed = {k: o for k, o in offsets.items() if self._committed.get(k) != o}
-        if not changed:
-            self.status.gauges["uncommitted"] = 0
-            return
-        try:
-            consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in changed.items()],
-                            asynchronous=False)
-            self._committed.update(changed)
-            self.status.gauges["uncommitted"] = 0
-        except KafkaException as exc:  # rebalanced meanwhile: the batch will be replayed
-            log.warning("store offset commit failed, batch will be replayed: %s", exc)
-
-    def _write(self, batch: list[Message]) -> dict[tuple[str, int], int]:
+    def write(self, batch: list[Message]) -> dict[tuple[str, int], int]:
         rows: dict[str, list[Sequence[Any]]] = {"pages": [], "fetch_events": [],
                                                   "dead_letters": [], "lineage": []}
         ranges: dict[tuple[str, int], list[int]] = {}
@@ -416,26 +306,11 @@ class StoreStage:
         the record was: a replay publishes it again, and its row collapses with the first."""
         self.status.add("undecodable")
         self.status.metrics.dead_letter(exc.reason)
-        return replace(self._encoder.undecodable(msg, exc),
+        return replace(self.encoder.undecodable(msg, exc),
                        key=_OWN_DEAD_KEY + event_id.encode())
 
     def _publish(self, dead: list[Output]) -> None:
-        """Produce ``dead`` and wait until the broker has them all (else raise: the batch's
-        offsets must not be committed, it is replayed)."""
-        if self._producer is None:
-            self._producer = Producer(producer_conf(self.s, self.worker))
-        failed: list[KafkaError] = []
-
-        def delivered(err: KafkaError | None, _msg: Message) -> None:
-            if err is not None:
-                failed.append(err)
-
-        for out in dead:
-            self._producer.produce(out.topic, value=out.value, key=out.key,
-                                   partition=out.partition, headers=out.headers,
-                                   on_delivery=delivered)
-        left = self._producer.flush(30)
-        if left or failed:
-            raise KafkaStageError(f"store: {left} dead letters undelivered, "
-                                  f"{len(failed)} failed ({failed[:1]})")
+        """In crawl.dead before the batch's offsets move (else the session ends and the
+        batch is replayed)."""
+        self.publish(dead)
         self.status.add("dead_published", len(dead))

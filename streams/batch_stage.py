@@ -1,4 +1,4 @@
-"""Base of the synchronous consume → transform → produce stages (parse, retry).
+"""The batch runtime: synchronous consume → transform → produce stages (parse, retry).
 
 Each poll batch is one Kafka transaction: its outputs and its input offsets commit
 together, so a crash anywhere replays the batch and downstream never sees a duplicate.
@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import logging
 import time
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from typing import ClassVar
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from core.config import Settings
 from core.errors import DecodeError, FatalError, KafkaStageError
-from infra.topics import topology_of
 from streams.committer import TxnCommitter
 from streams.io import (
-    Encoder,
     FencedError,
     Output,
     consume_ready,
@@ -30,8 +28,8 @@ from streams.io import (
 )
 from streams.membership import Membership
 from streams.slow_start import SlowStart
-from streams.status import PollGaps, StatusFile
-from streams.worker import REJOIN_PAUSE_S, StopFlag, wait_for_kafka, worker_name
+from streams.stage import Stage
+from streams.worker import StopFlag
 
 log = logging.getLogger("crawlfleet.stage")
 
@@ -44,8 +42,9 @@ class NotDueError(Exception):
         self.wait_s = wait_s
 
 
-class BatchStage(ABC):
-    stage: ClassVar[str]
+class BatchStage(Stage):
+    """A stage whose session consumes batches and commits each in one transaction."""
+
     batch_size: ClassVar[int] = 500
     #: State changelogs this stage writes: ``delivered`` then holds, for the ``committed``
     #: hook, the last offset each transaction wrote to each of their partitions.
@@ -53,13 +52,7 @@ class BatchStage(ABC):
 
     def __init__(self, settings: Settings, worker_id: str | None = None,
                  stop: StopFlag | None = None) -> None:
-        self.settings = settings
-        self.topology = topology_of(settings)
-        self.worker = worker_name(self.stage, worker_id, settings.data_dir / "workers")
-        self.stop = stop if stop is not None else StopFlag()
-        self.encoder = Encoder(self.topology, self.worker)
-        self.status = StatusFile(settings.status_dir, self.stage, self.worker)
-        self.poll_gaps = PollGaps(self.status)
+        super().__init__(settings, worker_id, stop)
         self._paused_until: dict[tuple[str, int], float] = {}
         self._committed: dict[tuple[str, int], int] = {}
         self._revoked: set[tuple[str, int]] = set()  # since the last gather
@@ -70,33 +63,18 @@ class BatchStage(ABC):
     def handle(self, msg: Message) -> list[Output]:
         """Outputs for one input record; raise DecodeError/FatalError to dead-letter it."""
 
-    def run(self) -> None:
-        """Consume until stopped. After any failed commit (fenced, aborted, or a broker
-        error), drop everything uncommitted and rejoin: the next session reads its state
-        and offsets from what is committed, so nothing of the failed batch is committed
-        later (a commit past it would lose its records)."""
-        while not self.stop.requested:
-            try:
-                self._run_once()
-            except (FencedError, KafkaStageError) as exc:
-                log.warning("%s %s lost its transaction, dropping work and rejoining: %s",
-                            self.stage, self.worker, exc)
-                self.status.add("fenced")
-                self._committed.clear()
-                self._paused_until.clear()
-                self.rolled_back()
-                time.sleep(REJOIN_PAUSE_S)  # a broker that is down fails at once: no spin
-                wait_for_kafka(self.settings, self.stop, self.status,
-                               f"{self.stage} {self.worker}")
-        self.status.remove()
-
-    def _run_once(self) -> None:
+    def session(self) -> None:
+        """Consume, transform and commit until stopped. It starts with nothing of an
+        earlier session: after a failed commit (fenced, aborted, or a broker error) a
+        commit past the failed batch would lose its records."""
+        self._committed.clear()
+        self._paused_until.clear()
+        self.rolled_back()
         group = self.topology.group(self.stage)
         committer = TxnCommitter(self.settings, f"{group}-{self.worker}", self.worker)
         consumer = Consumer(consumer_conf(self.settings, group, self.worker))
         self.membership.subscribe(consumer, self._on_assign, self._on_revoke,
                                   report=self.status)
-        self.rolled_back()
         try:
             while not self.stop.requested:
                 self._resume_due(consumer)

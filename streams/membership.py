@@ -38,6 +38,11 @@ class Membership:
         self.topics = topology.subscription(stage)
         self.followers = topology.followers(stage)
 
+    @property
+    def lead(self) -> str:
+        """The input whose partitions the group assigns (the followers come with them)."""
+        return self.topics[0]
+
     def expand(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         """The lead topic's partitions plus the same-numbered partition of every follower."""
         out = [TopicPartition(p.topic, p.partition) for p in partitions]

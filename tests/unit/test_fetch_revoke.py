@@ -109,19 +109,19 @@ def test_a_revoke_inside_consume_commits_no_offset_past_an_unadmitted_record(
         session = _Session(stage)
         topic = session.topo.frontier
         consumer = LibrdkafkaLikeConsumer(topic, 0, next_offset=10)
-        consumer.on_revoke = session._on_revoke
+        consumer.on_revoke = session.kafka._on_revoke
         committer = RecordingCommitter()
-        session.consumer = consumer  # type: ignore[assignment]
-        session.committer = committer  # type: ignore[assignment]
-        session.control = _Control()  # type: ignore[assignment]
+        session.kafka.consumer = consumer  # type: ignore[assignment]
+        session.kafka.committer = committer  # type: ignore[assignment]
+        session.kafka.control = _Control()  # type: ignore[assignment]
         # The partition is ours from its committed offset 10: nothing consumed yet.
         session.ledger.assign([(topic, 0)], {(topic, 0): 10})
-        msgs = session._poll(0.0)  # poll() returns offset 10, the revoke runs in consume()
+        msgs = session.kafka._poll(0.0)  # poll() returns offset 10, the revoke runs in consume()
         session.intake.admit(msgs)  # too late: the partition is gone, the record is dropped
         await asyncio.sleep(0)
         session.seen.close()
         session.parked.store.close()
-        session.kx.shutdown(wait=False)
+        session.kafka.kx.shutdown(wait=False)
         return committer, msgs
 
     committer, msgs = asyncio.run(scenario())

@@ -67,7 +67,7 @@ def _session_run(tmp_path: Path, body: Callable[[_Session], Awaitable[T]],
         finally:
             session.seen.close()
             session.parked.store.close()
-            session.kx.shutdown(wait=False)
+            session.kafka.kx.shutdown(wait=False)
 
     return asyncio.run(scenario())
 
