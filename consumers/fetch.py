@@ -75,7 +75,10 @@ class FetchStage(Stage):
         """One membership on a fresh event loop: everything uncommitted is dropped with it,
         and the next one restores its state and offsets from what is committed."""
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(_Session(self).run())
+            runner.run(self._session())
+
+    async def _session(self) -> None:
+        await _Session(self).run()  # made on the loop: its parts take the running loop
 
 
 def commit_due(since_commit_s: float, completed: int, queued: int, running: int,
