@@ -1,13 +1,15 @@
-"""A fetch worker's per-target policy in one object: pure logic, no broker, no clock.
+"""A fetch worker's per-target policy: the registry of its targets' slots, no broker, no clock.
 
-Every politeness and memory rule for a target is read here, as Scrapy's downloader reads a
-site's concurrency and delay from its ``Slot``: the target's rate (its cap, robots.txt's
-Crawl-delay, its adaptive slowdown), its in-flight limit, its rests, its crawl window, the
-share of the worker's memory it may hold, and when its state is forgotten. The timing heap
-stays in :class:`TargetScheduler`; this object decides what it is told. The fetch session
-only wires the decisions to Kafka, the parked store and the status file.
+Every politeness and memory rule for a target is decided by its :class:`TargetSlot`, as
+Scrapy's downloader reads a site's concurrency and delay from its ``Slot``: the target's
+rate (its cap, robots.txt's Crawl-delay, its adaptive slowdown), its in-flight limit, its
+rests, its crawl window and the share of the worker's memory it may hold. This object keeps
+the slots, decides when a target's state is forgotten, keeps the gauges, and tells the
+:class:`TargetScheduler` (which keeps the timing heap) and the robots.txt cache what the
+slots decide. The fetch session only wires the decisions to Kafka, the parked store and the
+status file.
 
-Every per-target map (scheduler slots, robots.txt rules, Crawl-delay intervals, health) is
+Every per-target map (scheduler slots, robots.txt rules, policy slots, resting health) is
 bounded by ``max_target_state`` where its entries are made, so a site minting hosts cannot
 grow a worker's memory; forgetting never loosens a cap (only targets whose next request is
 allowed anyway go, and a degraded target's health is kept aside until it has been idle
@@ -24,11 +26,12 @@ from typing import Any
 
 from consumers.adaptive import TargetHealth
 from consumers.classify import Signal
-from consumers.parking import share_of
 from consumers.robots_cache import RobotsCache
 from consumers.scheduler import TargetScheduler
+from consumers.target_slot import WINDOW_WAIT_CAP_S as WINDOW_WAIT_CAP_S
+from consumers.target_slot import SlotLimits, TargetSlot
 from core.config import Settings
-from core.windows import parse_windows, seconds_until_open
+from core.windows import parse_windows
 
 #: A target deferred at least this long sends its queued jobs to disk until it may go again.
 SPILL_AFTER_S = 10.0
@@ -37,8 +40,8 @@ FORGET_EVERY_S = 10.0
 #: A new target that finds no room (every target state in use) waits on disk; the
 #: scheduler is searched for idle targets to forget at most this often meanwhile.
 ROOM_RETRY_S = 1.0
-#: The longest a crawl window's wait defers its target at once (it is checked again then).
-WINDOW_WAIT_CAP_S = 3600.0
+#: How a target holding nothing is read (never changed: a target's state goes in its own).
+_BLANK = TargetSlot()
 
 
 @dataclass(frozen=True)
@@ -51,12 +54,18 @@ class Observed:
 
 
 class TargetPolicy:
-    """Per-target rate, limits, rests, memory share and forgetting of one fetch worker.
+    """The slots of one fetch worker's targets: made where there is something to hold,
+    bounded, forgotten when idle, and their decisions wired to the scheduler.
 
     ``cap_of(target)`` is the target's live requests/s cap (the control topic's, else the
     settings'); ``count(name, n)`` adds to a status counter. The scheduler and the
     robots.txt cache are the worker's own; this object sets their intervals and limits and
     forgets their idle targets.
+
+    ``slots`` holds a :class:`TargetSlot` for each target that holds something: its
+    robots.txt answer, its adaptive health, a rest. ``resting_health`` keeps degraded
+    targets forgotten before they were idle ``target_idle_s``: their health (and when it may
+    go), oldest forgotten first; a target seen again gets it back.
     """
 
     def __init__(self, s: Settings, sched: TargetScheduler[Any], robots: RobotsCache,
@@ -67,76 +76,105 @@ class TargetPolicy:
         self.robots = robots
         self.cap_of = cap_of
         self.count = count
-        self.share_ceiling = max(1, s.max_buffered // 2)
+        self.limits = SlotLimits.of(s)
+        self.share_ceiling = self.limits.share_ceiling
         self.windows = {t: parse_windows(w) for t, w in s.crawl_windows.items()}
-        self.health: dict[str, TargetHealth] = {}  # targets with a scheduler slot
-        # Degraded targets forgotten before they were idle target_idle_s: their health
-        # (and when it may go), oldest forgotten first; a target seen again gets it back.
+        self.slots: dict[str, TargetSlot] = {}
         self.resting_health: dict[str, tuple[float, TargetHealth]] = {}
-        self.robots_interval: dict[str, float] = {}  # robots.txt's Crawl-delay/Request-rate
+        # Sizes kept as slots change, so the gauges read every loop never scan the slots.
+        self._floors = 0  # slots with a robots.txt answer (Crawl-delay / Request-rate)
+        self._healths = 0  # slots with health
+        self._rested: set[str] = set()  # slots with a rest (for the deferred_targets gauge)
         self.robots_interval_peak = 0
         self.health_peak = 0
-        self.deferred_until: dict[str, float] = {}  # for the deferred_targets gauge
         # Targets deferred long enough to have gone to disk: refill them when this is due.
         self.wake_at: list[tuple[float, str]] = []
         self.forget_at = 0.0
         self.room_retry_at = 0.0
+
+    # --- slots ----------------------------------------------------------------------------
+
+    def _view(self, target: str) -> TargetSlot:
+        """``target``'s slot to read; a blank one (not kept) if it holds nothing."""
+        slot = self.slots.get(target)
+        if slot is not None:
+            return slot
+        windows = self.windows.get(target)
+        return _BLANK if windows is None else TargetSlot(windows)
+
+    def _slot(self, target: str) -> TargetSlot:
+        """``target``'s slot to change: made (with its windows) if it has none."""
+        slot = self.slots.get(target)
+        if slot is None:
+            slot = self.slots[target] = TargetSlot(self.windows.get(target))
+        return slot
+
+    def health_of(self, target: str) -> TargetHealth | None:
+        """The adaptive health of a target with a slot (None: healthy, or resting aside)."""
+        slot = self.slots.get(target)
+        return slot.health if slot is not None else None
 
     # --- rate -----------------------------------------------------------------------------
 
     def interval(self, target: str) -> float:
         """The stricter of the cap and robots.txt's Crawl-delay / Request-rate, stretched by
         the target's adaptive slowdown."""
-        base = max(1.0 / self.cap_of(target), self.robots_interval.get(target, 0.0))
-        h = self.health.get(target)
-        return base * h.slowdown if h is not None else base
+        return self._view(target).interval(self.cap_of(target))
 
     def base_interval(self, target: str) -> float:
         """Interval of a target given a slot: one seen again gets its resting health back,
         so forgetting it loosened nothing."""
         resting = self.resting_health.pop(target, None)
         if resting is not None:
-            self.health[target] = resting[1]
+            slot = self._slot(target)
+            if slot.health is None:
+                self._healths += 1
+            slot.health = resting[1]
         return self.interval(target)
 
     def on_robots(self, target: str, min_interval_s: float) -> None:
         """robots.txt's Crawl-delay / Request-rate: the target's interval never drops below it."""
-        self.robots_interval[target] = max(self.robots_interval.get(target, 0.0), min_interval_s)
-        self.robots_interval_peak = max(self.robots_interval_peak, len(self.robots_interval))
+        slot = self._slot(target)
+        if slot.robots_interval is None:
+            self._floors += 1
+        slot.hear_robots(min_interval_s)
+        self.robots_interval_peak = max(self.robots_interval_peak, self._floors)
         self.sched.set_interval(target, self.interval(target))
 
     def observe(self, target: str, signal: Signal, retry_after_s: float | None,
                 now: float) -> Observed:
         """Feed a request's signal to the target's adaptive limits (errors slow it, successes
         bring it back); only targets that were degraded keep a health entry."""
-        if signal is Signal.NEUTRAL:
-            return Observed()
-        h = self.health.get(target)
-        if h is None:
-            if signal is Signal.OK:
-                return Observed()  # healthy and never degraded: nothing to track
-            self._health_room()
-            h = self.health[target] = TargetHealth(self.s.max_inflight_per_target)
+        slot = self.slots.get(target)
+        kept = slot is not None
+        if slot is None:
+            slot = TargetSlot(self.windows.get(target))  # kept only if it degrades
+        had = slot.health is not None
+        was = (slot.slowdown, slot.inflight_limit(self.limits))
+        wait = slot.observe(signal, retry_after_s, self.limits)
+        if slot.health is not None and not had:
+            if not kept:
+                self.slots[target] = slot
+            self._healths += 1
+            self._health_room(adding=0)
             self._health_added()
-        was = (h.slowdown, h.inflight_limit)
-        wait = h.observe(signal, retry_after_s)
-        if (h.slowdown, h.inflight_limit) != was:
+        elif had and slot.health is None:
+            self._healths -= 1
+            if slot.empty:
+                del self.slots[target]
+        if (slot.slowdown, slot.inflight_limit(self.limits)) != was:
             self.sched.set_interval(target, self.interval(target))
-            self.sched.set_limit(target, h.inflight_limit, now)
-        shed_to = None
-        if signal is not Signal.OK:
-            share = self.share(target)
-            if self.sched.queued(target) > 2 * share:  # slowed a lot: keep its new share
-                shed_to = share
-        if not h.degraded and h.errors == 0:
-            del self.health[target]
+            self.sched.set_limit(target, slot.inflight_limit(self.limits), now)
+        shed_to = slot.shed_to(signal, self.sched.queued(target), self.cap_of(target),
+                               self.limits)
         return Observed(wait, shed_to)
 
     def defer(self, target: str, wait: float, now: float) -> bool:
         """No request to ``target`` for ``wait`` s; True if the rest is long enough that its
         queue should go to disk (it is refilled when :meth:`due_wakes` names it)."""
         self.sched.defer(target, now + wait)
-        self.deferred_until[target] = max(self.deferred_until.get(target, 0.0), now + wait)
+        self._slot(target).rest(now + wait)
+        self._rested.add(target)
         if wait < SPILL_AFTER_S:
             return False
         heapq.heappush(self.wake_at, (now + wait, target))
@@ -158,29 +196,22 @@ class TargetPolicy:
 
     def deferred_targets(self, now: float) -> int:
         """Targets resting now (the gauge): the ones whose rest ended are dropped."""
-        for target in [t for t, until in self.deferred_until.items() if until <= now]:
-            del self.deferred_until[target]
-        return len(self.deferred_until)
+        for target in [t for t in self._rested if self.slots[t].rest_over(now)]:
+            self._rested.discard(target)
+            if self.slots[target].empty:
+                del self.slots[target]
+        return len(self._rested)
 
     def window_wait(self, target: str, at: datetime) -> float:
         """Seconds until ``target``'s crawl window opens (0: open, or it has none), at most
         ``WINDOW_WAIT_CAP_S``: outside it, its jobs wait rather than go."""
-        windows = self.windows.get(target)
-        if windows is None:
-            return 0.0
-        wait = seconds_until_open(windows, at)
-        return min(wait, WINDOW_WAIT_CAP_S) if wait > 0 else 0.0
+        return self._view(target).window_wait(at)
 
     # --- memory share ---------------------------------------------------------------------
 
     def share(self, target: str) -> int:
         """Jobs ``target`` may hold in memory: a few seconds at its current rate."""
-        interval = self.interval(target)
-        h = self.health.get(target)
-        limit = h.inflight_limit if h is not None else self.s.max_inflight_per_target
-        return share_of(1.0 / interval if interval > 0 else float("inf"),
-                        self.s.target_buffer_s, self.s.target_buffer_floor, limit,
-                        self.share_ceiling)
+        return self._view(target).share(self.cap_of(target), self.limits)
 
     def held(self, target: str, tier: int) -> int:
         """A tier's jobs in memory (and the target's in flight): each tier has its own
@@ -190,7 +221,9 @@ class TargetPolicy:
     def must_park(self, target: str, tier: int, now: float, behind_parked: bool) -> bool:
         """Whether a new job goes to disk: behind what is parked, beyond the target's share,
         or no room for one more target's state (it comes back with a refill)."""
-        return behind_parked or self.held(target, tier) >= self.share(target) \
+        return behind_parked \
+            or self._view(target).over_share(self.held(target, tier), self.cap_of(target),
+                                             self.limits) \
             or not self.room_for(target, now)
 
     def room_for(self, target: str, now: float) -> bool:
@@ -227,37 +260,54 @@ class TargetPolicy:
         if room and self.sched.slot_count >= bound:
             self.room_retry_at = now + ROOM_RETRY_S
         for target, idle_for in forgotten:
-            self.robots_interval.pop(target, None)
             self.robots.forget_target(target)
-            h = self.health.pop(target, None)
+            h = self._forget_slot(target)
             if h is not None and h.degraded and idle_for < self.s.target_idle_s:
                 self._rest_health(target, h, now - idle_for + self.s.target_idle_s)
         if forgotten:
             self.count("targets_forgotten", len(forgotten))
 
+    def _forget_slot(self, target: str) -> TargetHealth | None:
+        """Drop a forgotten target's slot (kept, holding only its rest, while it rests: the
+        deferred_targets gauge drops it when the rest ends); returns its health."""
+        slot = self.slots.get(target)
+        if slot is None:
+            return None
+        if slot.robots_interval is not None:
+            self._floors -= 1
+        if slot.health is not None:
+            self._healths -= 1
+        h = slot.forget()
+        if slot.empty:
+            del self.slots[target]
+        return h
+
     def _rest_health(self, target: str, h: TargetHealth, until: float) -> None:
         """Keep a forgotten degraded target's health until ``until``, within the bound
         (health of targets with a slot included): the oldest resting goes first."""
-        self._health_room()
+        self._health_room(adding=1)
         self.resting_health[target] = (until, h)
         self._health_added()
 
-    def _health_room(self) -> None:
-        """Make room for one more health entry: the bound covers both maps, and targets
-        with a slot (at most ``max_target_state``) go before resting ones."""
+    def _health_room(self, adding: int) -> None:
+        """Make room for ``adding`` more health entries (0: one was just added to a slot):
+        the bound covers slots' and resting health, and slots' (of targets with a scheduler
+        slot, at most ``max_target_state``) go before resting ones."""
         while self.resting_health and \
-                len(self.health) + len(self.resting_health) >= self.s.max_target_state:
+                self._healths + len(self.resting_health) + adding > self.s.max_target_state:
             del self.resting_health[next(iter(self.resting_health))]
 
     def _health_added(self) -> None:
-        self.health_peak = max(self.health_peak, len(self.health) + len(self.resting_health))
+        self.health_peak = max(self.health_peak, self._healths + len(self.resting_health))
 
     def memory_counts(self) -> dict[str, int]:
-        """Sizes of the per-target maps, each bounded by ``max_target_state``, and the
-        largest each has been (``*_peak``, kept where entries are added)."""
+        """Sizes of the per-target state, each bounded by ``max_target_state``, and the
+        largest each has been (``*_peak``, kept where entries are added): scheduler slots,
+        robots.txt rules, targets with a robots.txt Crawl-delay / Request-rate remembered,
+        and degraded targets' health (with a slot, or resting aside)."""
         return {"target_slots": self.sched.slot_count, "robots_rules": len(self.robots),
-                "robots_intervals": len(self.robots_interval),
-                "target_health": len(self.health) + len(self.resting_health),
+                "robots_intervals": self._floors,
+                "target_health": self._healths + len(self.resting_health),
                 "target_slots_peak": self.sched.slot_peak, "robots_rules_peak": self.robots.peak,
                 "robots_intervals_peak": self.robots_interval_peak,
                 "target_health_peak": self.health_peak}

@@ -140,9 +140,9 @@ def test_degraded_targets_forgotten_early_keep_their_health_within_the_bound(
         # forgotten early, so resting aside; seen again, it gets its slowdown back
         again = next(reversed(session.policy.resting_health))  # the newest resting
         kept = session.policy.resting_health[again][1]
-        assert again not in session.sched and again not in session.policy.health
+        assert again not in session.sched and session.policy.health_of(again) is None
         session.intake.admit([_job(session, jobs.offset, f"http://{again}/again", again)])
-        return session.policy.memory_counts(), kept, session.policy.health.get(again)
+        return session.policy.memory_counts(), kept, session.policy.health_of(again)
 
     counts, kept, back = _session_run(tmp_path, body)
     assert counts["target_health_peak"] <= BOUND, counts

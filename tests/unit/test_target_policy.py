@@ -164,7 +164,7 @@ def test_successes_bring_a_slowed_target_back_and_then_it_is_not_tracked() -> No
     for _ in range(40):
         w.policy.observe("a.test", Signal.OK, None, 0.0)
     assert w.policy.interval("a.test") == pytest.approx(0.5)
-    assert "a.test" not in w.policy.health
+    assert w.policy.health_of("a.test") is None
 
 
 def test_healthy_and_neutral_signals_keep_no_state() -> None:
@@ -210,7 +210,7 @@ def test_a_degraded_target_forgotten_early_gets_its_slowdown_back() -> None:
     w.robots.on_rules("sick.test", 0.8)
     w.run_one("b.test", 0.5)
     assert w.policy.room_for("c.test", 2.0)  # the longest idle (sick.test) goes
-    assert "sick.test" not in w.sched and "sick.test" not in w.policy.health
+    assert "sick.test" not in w.sched and w.policy.health_of("sick.test") is None
     assert "sick.test" in w.policy.resting_health
     assert w.policy.memory_counts()["robots_intervals"] == 0  # refetched with robots.txt
     # seen again: released once per 1 s (slowed), not per its cap's 0.5 s
@@ -220,7 +220,7 @@ def test_a_degraded_target_forgotten_early_gets_its_slowdown_back() -> None:
     w.sched.push("sick.test", "again2", 2.0)
     assert w.sched.pop_ready(2.9, 1) == []
     assert [t for t, _ in w.sched.pop_ready(3.0, 1)] == ["sick.test"]
-    assert "sick.test" in w.policy.health and not w.policy.resting_health
+    assert w.policy.health_of("sick.test") is not None and not w.policy.resting_health
 
 
 def test_resting_health_expires_once_the_target_was_idle_long_enough() -> None:
@@ -258,7 +258,7 @@ def test_health_of_many_degraded_forgotten_targets_stays_within_the_bound() -> N
         assert counts["target_health"] <= 4 and counts["target_slots"] <= 4
     assert w.policy.memory_counts()["target_health_peak"] == 4
     # the oldest resting went first: the newest forgotten are the ones kept
-    kept = set(w.policy.resting_health) | set(w.policy.health)
+    kept = set(w.policy.resting_health) | {t for t in w.policy.slots if w.policy.health_of(t)}
     assert "h0.mint.test" not in kept and "h19.mint.test" in kept
 
 
