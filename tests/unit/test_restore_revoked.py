@@ -40,7 +40,7 @@ def test_a_dropped_partition_of_the_seen_store_starts_at_the_end(tmp_path: Path)
         store.open(p)
     store.drop(0)
     try:
-        assert store._start_offset(_Watermarks(), "crawl.seen", 0, 30.0) == 40  # type: ignore[arg-type]
-        assert store._start_offset(_Watermarks(), "crawl.seen", 1, 30.0) == 0  # type: ignore[arg-type]
+        assert store.store._start_offset(_Watermarks(), "crawl.seen", 0, 30.0) == 40  # type: ignore[arg-type]
+        assert store.store._start_offset(_Watermarks(), "crawl.seen", 1, 30.0) == 0  # type: ignore[arg-type]
     finally:
         store.close()

@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
 
 from consumers.seen import (
     DEAD,
     DONE,
-    KEY_CHECKPOINT,
     RETRYING,
     SeenStore,
     decode_entry,
     decode_value,
     encode_value,
+    restored_value,
 )
+from core.config import Settings
 from core.errors import InfraError
+from schemas.codec import Codec, default_codec
+from streams import state_store
+from streams.state_store import KEY_CHECKPOINT, KEY_FORMAT
 
 
 @pytest.mark.parametrize("state", [DONE, RETRYING, DEAD])
@@ -157,9 +164,8 @@ def test_value_carries_its_write_time() -> None:
 
 def _age(store: SeenStore, partition: int, key: str, seconds: float) -> None:
     """Rewrite a stored entry as if it had been written ``seconds`` ago."""
-    import time
     state, attempt = store.get(partition, key) or (DONE, 0)
-    db = store._parts[partition]
+    db = store.store._parts[partition]
     db.put(key.encode(), encode_value(state, attempt, int(time.time() - seconds)))
 
 
@@ -178,8 +184,8 @@ def test_keys_expire_after_the_ttl_and_a_sweep_deletes_them(tmp_path: Path) -> N
         assert store.get(0, "d|http://a.test/new") == (DONE, 0)
         deleted = sum(store.sweep(budget=1) for _ in range(10))  # a slice at a time
         assert deleted == 2
-        assert store._parts[0].get(b"d|http://a.test/old") is None  # the disk is given back
-        assert store._parts[0].get(b"d|http://a.test/new") is not None
+        assert store.store._parts[0].get(b"d|http://a.test/old") is None  # the disk is given back
+        assert store.store._parts[0].get(b"d|http://a.test/new") is not None
         assert store.sweep() == 0
     finally:
         store.close()
@@ -195,5 +201,66 @@ def test_put_many_moves_the_checkpoint_past_applied_writes(tmp_path: Path) -> No
         assert store.checkpoint(0) == 41
         assert store.checkpoint(2) == 0
         assert 5 not in store.partitions()
+    finally:
+        store.close()
+
+
+def test_on_disk_layout_stays_seen_v2(tmp_path: Path) -> None:
+    """Stores written before seen moved onto StateStore carry ``seen-v2``: kept, not wiped."""
+    store = SeenStore(tmp_path)
+    try:
+        store.open(0)
+        assert store.store._parts[0].get(KEY_FORMAT) == b"seen-v2"
+        assert store.path_of(0) == tmp_path / "p0"
+        assert store.directory == tmp_path
+        assert store.ttl_s is None
+    finally:
+        store.close()
+
+
+def _seen_record(codec: Codec, key: str, state: str | None, attempt: int = 0,
+                 ts_s: float | None = None) -> Message:
+    value, headers = (None, None) if state is None else \
+        codec.encode("Seen", {"state": state, "attempt": attempt, "status": 0})
+    ts = int((time.time() if ts_s is None else ts_s) * 1000)
+    return Message(topic="crawl.seen", partition=0, offset=0, key=key.encode(), value=value,
+                   headers=headers, timestamp=(TIMESTAMP_CREATE_TIME, ts))
+
+
+def test_restore_transform_decodes_seen_and_stamps_the_record_time() -> None:
+    codec = default_codec()
+    transform = restored_value(codec)
+    raw = transform(_seen_record(codec, "d|http://a.test/", RETRYING, 2, ts_s=1_796_000_000.5))
+    assert raw is not None and decode_entry(raw) == (RETRYING, 2, 1_796_000_000)
+    untimed = _seen_record(codec, "d|http://a.test/", DONE, ts_s=0)
+    assert decode_entry(transform(untimed) or b"") == (DONE, 0, None)
+    garbage = Message(topic="crawl.seen", partition=0, offset=0, key=b"k", value=b"\xff\xff",
+                      headers=[("schema", b"nope")], timestamp=(TIMESTAMP_CREATE_TIME, 1))
+    assert transform(garbage) is None  # skipped (with a log line), never a crash loop
+
+
+def test_restore_counts_applied_records_and_expires_old_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    codec = default_codec()
+    records = [_seen_record(codec, "d|http://a.test/1", DONE),
+               _seen_record(codec, "d|http://a.test/2", DEAD, 3),
+               _seen_record(codec, "d|http://a.test/old", DONE, ts_s=time.time() - 7200),
+               _seen_record(codec, "d|http://a.test/1", None)]
+
+    def tail(settings: Settings, name: str, topic: str, partitions: list[int],
+             start_of: Any, apply: Any, timeout_s: float) -> set[int]:
+        assert name == "seen"
+        apply({0: records}, {0: 4})
+        return set()
+
+    monkeypatch.setattr(state_store, "tail_changelog", tail)
+    store = SeenStore(tmp_path, ttl_s=3600)
+    try:
+        assert store.restore_partitions(None, "crawl.seen", [0], codec) == (4, set())  # type: ignore[arg-type]
+        assert store.get(0, "d|http://a.test/1") is None  # tombstoned
+        assert store.get(0, "d|http://a.test/2") == (DEAD, 3)
+        assert store.store._parts[0].get(b"d|http://a.test/old") is None  # past the TTL
+        assert store.checkpoint(0) == 4
+        assert store.restore(None, "crawl.seen", [0], codec) == 0  # type: ignore[arg-type]
     finally:
         store.close()
