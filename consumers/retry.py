@@ -24,16 +24,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    TIMESTAMP_LOG_APPEND_TIME,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
 from consumers import timers
 from core.errors import DecodeError
@@ -41,8 +32,10 @@ from producers.lineage import RELEASED, lineage_event
 from schemas.records import CrawlJob
 from schemas.topics import HEADER_SCHEMA, RETRY_DELAYS_S
 from streams.batch_stage import BatchStage
-from streams.io import Output, offset_of, producer_conf, stable_committed, tp_of
-from streams.restorer import Restored, Restorer
+from streams.broker_time import BrokerTimeProbe
+from streams.io import Output, offset_of, tp_of
+from streams.partition_restore import RestoreSpec
+from streams.restorer import Restored
 from streams.state_store import META, StateStore, store_dir
 
 log = logging.getLogger("crawlfleet.retry")
@@ -61,6 +54,12 @@ Change = tuple[bytes, bytes | None]
 
 class RetryStage(BatchStage):
     stage = "retry"
+    #: The timer store, one per partition: every tier's partition N waits, paused, for the
+    #: timers of N (the runtime restores them on assign, then resumes the tiers).
+    state_restore = RestoreSpec(
+        "timers", RESTORE_RETRY_S, log=log.name, restored="timers of partitions",
+        failed="timer store of partitions",
+        then=f"their tiers stay paused, retried every {RESTORE_RETRY_S:.0f} s")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -70,21 +69,18 @@ class RetryStage(BatchStage):
         self.store = StateStore("timers", store_dir(self.settings, "timers", self.worker))
         self._counts: dict[int, int] = {}  # live timers per usable partition
         self._pending: dict[int, list[Change]] = defaultdict(list)  # uncommitted changes
-        self._unready: set[int] = set()  # assigned, but no usable store: inputs paused
-        self.restorer = Restorer("timers", self._restore, RESTORE_RETRY_S)
-        self._probe: Producer | None = None
+        self._probe = BrokerTimeProbe(
+            self.settings, f"{self.worker}-clock",
+            lambda ts: self.clock.observe(ts, time.monotonic_ns()), "retry clock probe", log)
         self._probed_at: float | None = None
-        self._consumer: Consumer | None = None  # the group consumer, for seeks on restore
         self._create_time: set[tuple[str, int]] = set()  # tier partitions warned about
 
     def run(self) -> None:
         try:
-            super().run()
+            super().run()  # its restores end first: they write to the store
         finally:
-            self.restorer.close()
             self.store.close()
-            if self._probe is not None:
-                self._probe.flush(5)
+            self._probe.close()
 
     # --- inputs ---------------------------------------------------------------------------
 
@@ -203,98 +199,34 @@ class RetryStage(BatchStage):
         compaction removes it.
         """
         self._probed_at = time.monotonic()
-        if self._probe is None:
-            self._probe = Producer(producer_conf(self.settings, f"{self.worker}-clock"))
-
-        def delivered(err: KafkaError | None, msg: Message) -> None:
-            ts_type, ts = msg.timestamp()
-            if err is None and ts_type == TIMESTAMP_LOG_APPEND_TIME:
-                self.clock.observe(ts, time.monotonic_ns())
-
-        try:
-            self._probe.produce(self.topology.timers, key=PROBE_KEY, value=None,
-                                partition=min(p for p, n in self._counts.items() if n),
-                                on_delivery=delivered)
-            if self._probe.flush(10):
-                log.warning("retry clock probe not delivered within 10 s")
-        except KafkaException as exc:
-            log.warning("retry clock probe failed: %s", exc)
+        self._probe.probe(self.topology.timers, min(p for p, n in self._counts.items() if n),
+                          PROBE_KEY, 10.0)
         self.status.add("clock_probes")
 
-    # --- partitions -----------------------------------------------------------------------
+    # --- partitions (restored and resumed by the runtime: see BatchStage.state_restore) ---
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """New partitions (every tier of each: see Membership) wait, paused, for their
-        timer store: restored on the restorer's thread, never in this callback."""
-        super()._on_assign(consumer, partitions)
-        self._consumer = consumer
-        consumer.pause(partitions)
-        parts = {tp.partition for tp in partitions}
-        self._unready |= parts
-        self.restorer.start(parts)
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        super()._on_revoke(consumer, partitions)
-        parts = {tp.partition for tp in partitions}
-        self.restorer.cancel(parts)
-        for part in parts:
-            self.store.drop(part)
-            self._counts.pop(part, None)
-            self._unready.discard(part)
-        self.status.gauges["timers"] = sum(self._counts.values())
-
-    def unusable(self) -> set[tuple[str, int]]:
-        return {(t, p) for t in self._tiers for p in self._unready}
-
-    def begin_batch(self) -> None:
-        if self._consumer is not None:
-            for done in self.restorer.finished():
-                self._usable(self._consumer, done)
-        failing = self.restorer.failing
-        self.status.gauges["restore_failing"] = len(failing)
-
-    def _restore(self, parts: set[int]) -> tuple[set[int], Any]:
-        """Restore thread: committed offsets, then the timer stores of ``parts``."""
-        # Stable offsets: a former owner's last timers are on the changelog before we read it.
-        offsets = stable_committed(self.settings, self.topology.group(self.stage),
-                                   [TopicPartition(t, p) for t in self._tiers
-                                    for p in sorted(parts)])
+    def restore(self, parts: set[int]) -> tuple[set[int], Any]:
+        """Restore thread: the timer stores of ``parts`` (their committed offsets are read
+        first, as stable offsets: a former owner's last timers are on the changelog before
+        we read it)."""
         for part in parts:
             self.store.drop(part)  # a leftover DB is reopened from its checkpoint
         failed = self.store.restore(self.settings, self.topology.timers, parts,
                                     self._restored_value, self.settings.restore_timeout_s)
-        return failed, (offsets, {p: self._count(p) for p in parts - failed})
+        return failed, {p: self._count(p) for p in parts - failed}
 
-    def _usable(self, consumer: Consumer, done: Restored) -> None:
-        """A restore finished: its complete partitions resume where the group committed."""
-        offsets, counts = done.payload if done.payload is not None else ({}, {})
-        tps: list[TopicPartition] = []
+    def restored(self, done: Restored, info: Any) -> None:
+        """A restore finished: its complete partitions' timers count (and can fire)."""
+        counts = info if info is not None else {}
         for part in done.complete:
             self._counts[part] = counts[part]
-            self._unready.discard(part)
-            for topic in self._tiers:
-                offset = offsets.get((topic, part), -1)
-                if offset >= 0:
-                    # With it, a transaction that only fires timers carries offsets too,
-                    # so the broker checks our generation.
-                    self._committed[(topic, part)] = offset
-                # Records polled before the pause took hold were skipped: read them again.
-                tps.append(TopicPartition(topic, part, offset if offset >= 0
-                                          else OFFSET_BEGINNING))
-        for tp in tps:
-            consumer.seek(tp)
-        consumer.resume(tps)
-        if done.complete:
-            self.status.add("restores")
-            self.status.metrics.restored(done.seconds)
-            log.info("retry %s: timers of partitions %s restored in %.2f s", self.worker,
-                     sorted(done.complete), done.seconds)
-        if done.failed:
-            self.status.add("restore_failures")
-            log.error("retry %s: timer store of partitions %s could not be restored%s; their "
-                      "tiers stay paused, retried every %.0f s", self.worker,
-                      sorted(done.failed), f" ({done.error})" if done.error else "",
-                      RESTORE_RETRY_S)
+        self.status.gauges["timers"] = sum(self._counts.values())
+
+    def revoked(self, parts: set[int]) -> None:
+        """The partitions moved: their stores close (the files stay as a checkpoint)."""
+        for part in parts:
+            self.store.drop(part)
+            self._counts.pop(part, None)
         self.status.gauges["timers"] = sum(self._counts.values())
 
     def _restored_value(self, msg: Message) -> bytes | None:
@@ -319,9 +251,6 @@ class RetryStage(BatchStage):
             if len(page) < 10_000:
                 return n
             start = page[-1][0] + b"\x00"
-
-    def held_partitions(self) -> int:
-        return super().held_partitions() + len(self._unready)
 
 
 def _fingerprint(headers: Any) -> bytes:

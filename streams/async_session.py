@@ -8,8 +8,9 @@ overlap. This module is that thread's side of a session:
   transactional committer, the control topic's reader (caught up before any work is taken:
   a worker started while the fleet is paused must fetch nothing);
 - partitions assigned wait, paused, for the stage's state stores, restored off the poll
-  thread (:class:`~streams.restorer.Restorer`); they then resume from the group's
-  committed offsets, which also seed the :class:`~streams.ledger.Ledger`;
+  thread (:class:`~streams.partition_restore.PartitionRestore`, as the batch runtime's);
+  they then resume from the group's committed offsets, which also seed the
+  :class:`~streams.ledger.Ledger`;
 - a revoke commits finished work before the partitions move; a loss (the membership
   expired) poisons the ledger, commits nothing and ends the session;
 - a commit takes what the ledger hands out and commits it with the stage's extra outputs;
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from core.config import Settings
@@ -40,7 +41,8 @@ from streams.control import ControlReader, ControlState
 from streams.io import Encoder, FencedError, Output, consume_ready, consumer_conf
 from streams.ledger import CommitBatch, Ledger
 from streams.membership import Membership, group_share
-from streams.restorer import Restored, Restorer
+from streams.partition_restore import PartitionRestore, RestoreSpec
+from streams.restorer import Restored
 from streams.status import PollGaps, StatusFile
 from streams.worker import StopFlag
 
@@ -108,7 +110,9 @@ class AsyncSession:
         self.kx = ThreadPoolExecutor(1, thread_name_prefix="kafka")
         self.loop = asyncio.get_running_loop()
         self.membership = Membership(topology, stage)
-        self.restorer = Restorer(stage, self._restore)
+        self.restores = PartitionRestore(RestoreSpec(stage, log=log.name), stage, worker,
+                                         status, self.membership, self._restore)
+        self.restorer = self.restores.restorer
         self.poll_gaps = PollGaps(status)
         self.consumer: Consumer | None = None
         self.committer: TxnCommitter | None = None
@@ -167,16 +171,14 @@ class AsyncSession:
         self.membership.subscribe(self.consumer, self._on_assign, self._on_revoke,
                                   self._on_lost, report=self.status)
 
-    def _restore(self, parts: set[int]) -> tuple[set[int], Any]:
-        failed, offsets, info = self.logic.restore(parts)
-        return failed, (offsets, info)
+    def _restore(self, parts: set[int]) -> tuple[set[int], dict[TP, int], Any]:
+        return self.logic.restore(parts)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """New partitions (every input of each) wait, paused, for their state, restored on
         the restorer's thread: partitions already owned keep flowing, and the callback
         returns at once."""
-        consumer.pause(partitions)
-        self.restorer.start({p.partition for p in partitions})
+        self.restores.assigned(consumer, partitions)
         self.status.add("assigned_partitions", len(partitions))
         log.info("%s %s: assigned partitions %s", self.stage, self.worker,
                  sorted({p.partition for p in partitions}))
@@ -187,30 +189,13 @@ class AsyncSession:
         committed offsets (records polled before the pause took hold were dropped by the
         ledger: they are read again)."""
         assert self.consumer is not None
-        offsets, info = done.payload if done.payload is not None else ({}, None)
-        tps = self.membership.expand([TopicPartition(self.membership.lead, p)
-                                      for p in sorted(done.complete)])
-        for tp in tps:
-            offset = offsets.get((tp.topic, tp.partition), -1)
-            self.consumer.seek(TopicPartition(tp.topic, tp.partition,
-                                              offset if offset >= 0 else OFFSET_BEGINNING))
+        tps, offsets, info = self.restores.seek(self.consumer, done)
         # From the committed offsets: a partition whose only work is held in a store
         # consumes no record, and its results must still commit (with these offsets).
-        self.ledger.assign([(tp.topic, tp.partition) for tp in tps],
-                           {(tp.topic, tp.partition): offsets.get((tp.topic, tp.partition), -1)
-                            for tp in tps})
+        self.ledger.assign([(tp.topic, tp.partition) for tp in tps], offsets)
         if tps and not (self.paused or self.control_paused):
             self.consumer.resume(tps)
-        if done.complete:
-            self.status.add("restores")
-            self.status.metrics.restored(done.seconds)
-            log.info("%s %s: partitions %s restored in %.2f s", self.stage, self.worker,
-                     sorted(done.complete), done.seconds)
-        if done.failed:
-            self.status.add("restore_failures")
-            log.error("%s %s: state of partitions %s could not be restored%s; they stay "
-                      "paused and are retried", self.stage, self.worker, sorted(done.failed),
-                      f" ({done.error})" if done.error else "")
+        self.restores.report(done)
         self.logic.restored(done, info)
 
     def _refresh_members(self) -> None:
@@ -225,7 +210,7 @@ class AsyncSession:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = [(p.topic, p.partition) for p in partitions]
-        self.restorer.cancel({p.partition for p in partitions})
+        self.restores.revoked(partitions)
         self.status.add("revoked_partitions", len(partitions))
         log.info("%s %s: revoked partitions %s", self.stage, self.worker,
                  sorted({p.partition for p in partitions}))
@@ -243,7 +228,7 @@ class AsyncSession:
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Partitions already gone (session timed out): drop the work, commit nothing."""
         revoked = [(p.topic, p.partition) for p in partitions]
-        self.restorer.cancel({p.partition for p in partitions})
+        self.restores.revoked(partitions)
         self.status.add("lost_partitions", len(partitions))
         self.ledger.revoke(revoked)
         self.ledger.poison("partitions lost")
@@ -280,7 +265,7 @@ class AsyncSession:
     def _poll(self, timeout: float) -> list[Message]:
         assert self.consumer is not None and self.control is not None
         changed = self.control.poll(0)
-        for done in self.restorer.finished():
+        for done in self.restores.finished():
             self._restored(done)
         if self.members_stale:
             self._refresh_members()
@@ -312,7 +297,7 @@ class AsyncSession:
             self.consumer.close()
         if self.committer is not None:
             self.committer.close()
-        self.restorer.close()
+        self.restores.close()
         if self.control is not None:
             self.control.close()
 

@@ -2,6 +2,12 @@
 
 Each poll batch is one Kafka transaction: its outputs and its input offsets commit
 together, so a crash anywhere replays the batch and downstream never sees a duplicate.
+
+A stage that owns state per partition (retry's timers) declares ``state_restore`` and
+answers the ``restore``/``restored``/``revoked`` hooks; the runtime does the rest
+(:mod:`streams.partition_restore`): new partitions pause until their state is restored off
+the poll thread, then resume from the group's committed offsets, kept out of batches until
+then. A stage without it (parse) pays nothing for it.
 """
 
 from __future__ import annotations
@@ -9,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import abstractmethod
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
@@ -27,6 +33,8 @@ from streams.io import (
     tp_of,
 )
 from streams.membership import Membership
+from streams.partition_restore import TP, PartitionRestore, RestoreSpec
+from streams.restorer import Restored
 from streams.slow_start import SlowStart
 from streams.stage import Stage
 from streams.worker import StopFlag
@@ -49,6 +57,10 @@ class BatchStage(Stage):
     #: State changelogs this stage writes: ``delivered`` then holds, for the ``committed``
     #: hook, the last offset each transaction wrote to each of their partitions.
     changelogs: frozenset[str] = frozenset()
+    #: Partition-owned state, restored whenever partitions are assigned (None: the stage has
+    #: none). A stage declaring it answers :meth:`restore`, :meth:`restored` and
+    #: :meth:`revoked`; its inputs must be one lead topic and its followers.
+    state_restore: ClassVar[RestoreSpec | None] = None
 
     def __init__(self, settings: Settings, worker_id: str | None = None,
                  stop: StopFlag | None = None) -> None:
@@ -58,6 +70,21 @@ class BatchStage(Stage):
         self._revoked: set[tuple[str, int]] = set()  # since the last gather
         self.slow_start = SlowStart()  # records per transaction after a quiet spell
         self.delivered: dict[tuple[str, int], int] = {}
+        self._restores: PartitionRestore | None = None
+        self._restore_consumer: Consumer | None = None  # the consumer of the last assign
+        if self.state_restore is not None:
+            if type(self).restore is BatchStage.restore:
+                raise TypeError(f"{type(self).__name__} declares state_restore but no restore")
+            self._restores = PartitionRestore(self.state_restore, self.stage, self.worker,
+                                              self.status, self.membership,
+                                              self._restore_parts)
+
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:
+            if self._restores is not None:
+                self._restores.close()  # a running restore writes to the stage's stores
 
     @abstractmethod
     def handle(self, msg: Message) -> list[Output]:
@@ -111,17 +138,73 @@ class BatchStage(Stage):
         return Membership(self.topology, self.stage)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Only ``partitions`` move (cooperative): forget what we knew of them."""
+        """Only ``partitions`` move (cooperative): forget what we knew of them (a restore of
+        theirs still running is cancelled, their local state dropped)."""
         for p in partitions:
             key = (p.topic, p.partition)
             self._revoked.add(key)
             self._committed.pop(key, None)
             self._paused_until.pop(key, None)
+        if self._restores is not None:
+            self._restores.revoked(partitions)
+            self.revoked({p.partition for p in partitions})
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Newly assigned ``partitions`` (already added to the assignment)."""
+        """Newly assigned ``partitions`` (already added to the assignment). With partition
+        state, they (every input of each: see Membership) wait, paused, for it: restored on
+        the restorer's thread, never in this callback."""
         for p in partitions:
             self._revoked.discard((p.topic, p.partition))
+        if self._restores is not None:
+            self._restore_consumer = consumer
+            self._restores.assigned(consumer, partitions)
+
+    # --- partition-owned state ------------------------------------------------------------
+
+    def restore(self, parts: set[int]) -> tuple[set[int], Any]:
+        """Hook (restorer thread; with ``state_restore``): rebuild the local state of
+        ``parts`` from its changelogs. Returns (the partitions that could not be restored:
+        they stay paused and are retried, what :meth:`restored` gets as ``info``)."""
+        raise NotImplementedError
+
+    def restored(self, done: Restored, info: Any) -> None:
+        """Hook (with ``state_restore``): the partitions of ``done`` are usable (or failed);
+        ``info`` is what :meth:`restore` returned for them (None if it raised)."""
+        return
+
+    def revoked(self, parts: set[int]) -> None:
+        """Hook (with ``state_restore``): ``parts`` moved: drop their local state."""
+        return
+
+    def _restore_parts(self, parts: set[int]) -> tuple[set[int], dict[TP, int], Any]:
+        """Restorer thread: the group's committed offsets of ``parts``, then their state.
+
+        Stable offsets, read first: a former owner's last transaction (and what it wrote to
+        the changelogs) is settled before the restore reads them.
+        """
+        assert self._restores is not None
+        offsets = self._restores.committed_offsets(self.settings,
+                                                   self.topology.group(self.stage), parts)
+        failed, info = self.restore(parts)
+        return failed, offsets, info
+
+    def _use_restored(self) -> None:
+        """Finished restores: their complete partitions resume where the group committed."""
+        assert self._restores is not None
+        consumer = self._restore_consumer
+        if consumer is not None:  # else nothing was ever assigned, nor restored
+            for done in self._restores.finished():
+                tps, offsets, info = self._restores.seek(consumer, done)
+                for key, offset in offsets.items():
+                    if offset >= 0:
+                        # With it, a transaction of only the stage's own outputs (retry's
+                        # due timers) carries offsets too, so the broker checks our
+                        # generation.
+                        self._committed[key] = offset
+                consumer.resume(tps)
+                self._restores.report(done)
+                self.restored(done, info)
+        self.status.gauges["restore_failing"] = len(self._restores.failing)
 
     def rolled_back(self) -> None:
         """Hook: in-memory state derived from uncommitted work must be forgotten."""
@@ -145,12 +228,14 @@ class BatchStage(Stage):
         return
 
     def unusable(self) -> set[tuple[str, int]]:
-        """Hook: assigned partitions whose records must wait (state not restored yet)."""
-        return set()
+        """Assigned partitions whose records must wait (state not restored yet)."""
+        return self._restores.unusable() if self._restores is not None else set()
 
     def held_partitions(self) -> int:
-        """Input partitions this stage holds back (paused until due, or not ready)."""
-        return len(self._paused_until)
+        """Input partitions this stage holds back (paused until due, or not ready: one per
+        partition number waiting for its state, whatever the number of its inputs)."""
+        waiting = len(self._restores.waiting) if self._restores is not None else 0
+        return len(self._paused_until) + waiting
 
     def _process(self, consumer: Consumer, committer: TxnCommitter,
                  msgs: list[Message]) -> list[Message]:
@@ -159,9 +244,12 @@ class BatchStage(Stage):
         The prefix is capped by slow start: a burst after a quiet spell (a crawl's next
         level) is committed in growing steps, so its first links reach the frontier early.
         """
-        # Taken before begin_batch, which may make partitions usable and seek them back:
-        # records of theirs already in ``msgs`` are then read again, not handled twice.
+        # Taken before finished restores make partitions usable and seek them back: records
+        # of theirs already in ``msgs`` (polled before the pause took hold) are skipped here
+        # and read again from the committed offset, not handled twice.
         unusable = self.unusable()
+        if self._restores is not None:
+            self._use_restored()
         self.begin_batch()
         cap = self.slow_start.cap()
         outputs: list[Output] = []
