@@ -40,23 +40,7 @@ from streams.partition_restore import TP, RestoreSpec
 from streams.restorer import Restored, Restorer
 from streams.status import StatusFile
 from streams.worker import StopFlag
-
-
-class _Msg:
-    def __init__(self, topic: str, partition: int, offset: int) -> None:
-        self._tp = (topic, partition, offset)
-
-    def topic(self) -> str:
-        return self._tp[0]
-
-    def partition(self) -> int:
-        return self._tp[1]
-
-    def offset(self) -> int:
-        return self._tp[2]
-
-    def error(self) -> None:
-        return None
+from tests.unit.test_fetch_revoke import _Msg
 
 
 class RecordingConsumer:
