@@ -21,6 +21,15 @@ from typing import Any, get_type_hints
 
 from core import __version__
 from core.errors import ConfigError
+from core.profiles import (
+    DIRECT,
+    Egress,
+    Profile,
+    parse_egress,
+    parse_profiles,
+    product_token,
+    tables_of,
+)
 from core.windows import parse_windows
 
 ENV_PREFIX = "CRAWLFLEET_"
@@ -99,6 +108,15 @@ class Settings:
     target_mode: str = "host"
     #: Crawl identity used when a job names none.
     default_profile: str = "default"
+    #: Crawl identities by name (TOML ``[profiles.NAME]`` tables, or JSON in
+    #: ``CRAWLFLEET_PROFILES``): see :mod:`core.profiles`. Empty: one profile,
+    #: ``default_profile``, from ``user_agent``, ``robots_agent`` and ``profile_bundle_version``.
+    profiles: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: Forward proxies by name (``[egress.NAME]``: ``proxy`` URL, ``region``); ``direct`` is
+    #: built in. Proxy passwords are never logged or listed.
+    egress: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: Region of this machine's own way out (the built-in ``direct`` egress).
+    region: str = "local"
     #: Prefix for every topic and consumer-group name (isolates crawls and tests).
     topic_prefix: str = ""
     #: Partition count of every target-partitioned topic (they must match to co-partition).
@@ -196,6 +214,30 @@ class Settings:
         problems = list(_problems(self))
         if problems:
             raise ConfigError("invalid configuration: " + "; ".join(problems))
+        egress = {DIRECT: Egress(DIRECT, self.region), **parse_egress(self.egress)}
+        profiles = parse_profiles(self.profiles, egress) or {
+            self.default_profile: Profile(
+                name=self.default_profile, user_agent=self.user_agent,
+                robots_token=self.robots_agent or product_token(self.user_agent),
+                region=self.region, bundle_version=self.profile_bundle_version)}
+        if self.default_profile not in profiles:
+            raise ConfigError(f"invalid configuration: default_profile "
+                              f"{self.default_profile!r} is not one of the profiles "
+                              f"({', '.join(sorted(profiles))})")
+        object.__setattr__(self, "_egress", egress)
+        object.__setattr__(self, "_profiles", profiles)
+
+    @property
+    def profile_table(self) -> dict[str, Profile]:
+        """Every profile by name (the implicit default one when none is configured)."""
+        table: dict[str, Profile] = self._profiles  # type: ignore[attr-defined]
+        return table
+
+    @property
+    def egress_table(self) -> dict[str, Egress]:
+        """Every egress by name, ``direct`` included."""
+        table: dict[str, Egress] = self._egress  # type: ignore[attr-defined]
+        return table
 
     @property
     def topic_partitions(self) -> int:
@@ -344,6 +386,9 @@ def _host_or_network(entry: str) -> bool:
     return True
 
 
+#: Settings that are tables of tables (TOML), or JSON text in their environment variable.
+TABLE_FIELDS = frozenset({"profiles", "egress"})
+
 #: ``CRAWLFLEET_*`` variables that are not settings: read elsewhere, never a typo.
 RESERVED_ENV = frozenset({"CONFIG", "FAULT", "HOME", "KAFKA_JARS", "CLOCK_SKEW_S"})
 
@@ -352,6 +397,8 @@ def _coerce_field(name: str, value: Any, source: str | None = None) -> Any:
     hints = get_type_hints(Settings)
     if name not in hints:
         raise ConfigError(f"unknown setting {name!r}")
+    if name in TABLE_FIELDS:
+        return tables_of(value, name)
     return _coerce(name, hints[name], value, source)
 
 

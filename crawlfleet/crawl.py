@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from core.config import Secret, Settings
+from core.config import TABLE_FIELDS, Secret, Settings
 from core.errors import InfraError
 from crawlfleet.health import HeldWork, StallWatch, read_held_work, stalls
 from infra import kafka_local
@@ -100,6 +100,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
         v = getattr(settings, f.name)
         if isinstance(v, Secret):
             v = v.get()
+        elif f.name in TABLE_FIELDS:  # tables of tables travel as JSON
+            v = json.dumps(v)
         elif isinstance(v, tuple):
             v = ",".join(str(i) for i in v)
         elif isinstance(v, dict):

@@ -1,14 +1,15 @@
 """The fleet's control topic, ``crawl.control``: what people publish, what workers read.
 
-Keys name a setting (``pause:*``, ``pause:target:T``, ``cap:T``); a tombstone removes it, so
-compaction keeps exactly the settings in force. Every fetch worker reads the whole topic (no
-consumer group, from the beginning), so a person's ``crawlfleet pause`` reaches all workers
-within one poll. Fetch workers also report their parked backlog here (``backlog:parked:pN``),
-a figure the frontier bound adds to the frontier's lag.
+Keys name a setting (``pause:*``, ``pause:target:T``, ``cap:T``, ``quarantine:SCOPE:T|NAME``);
+a tombstone removes it, so compaction keeps exactly the settings in force. Every fetch worker
+reads the whole topic (no consumer group, from the beginning), so a person's ``crawlfleet
+pause`` reaches all workers within one poll. Fetch workers also report their parked backlog
+here (``backlog:parked:pN``), a figure the frontier bound adds to the frontier's lag.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -45,6 +46,54 @@ def backlog_key(partition: int) -> str:
     return f"{BACKLOG_PREFIX}p{partition}"
 
 
+QUARANTINE_PREFIX = "quarantine:"
+#: What a quarantine retires: a (target, profile) pair, a (target, egress) pair, or a whole
+#: target (paused because most of its profiles are quarantined).
+QUARANTINE_SCOPES = ("profile", "egress", "target")
+
+
+def quarantine_key(scope: str, target: str, name: str = "") -> str:
+    """The compacted key of one quarantine: one record per scope, so a repeat overwrites."""
+    assert scope in QUARANTINE_SCOPES
+    return f"{QUARANTINE_PREFIX}{scope}:{target}|{name}"
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """One identity, egress or target retired for a target until ``until_ms`` (Unix ms).
+
+    As a control record: kind ``quarantine``, ``target``, ``value`` = ``until_ms``, ``text`` =
+    JSON ``{"scope", "name", "reason"}``.
+    """
+
+    scope: str
+    target: str
+    name: str
+    until_ms: int
+    reason: str
+
+    def active(self, now_ms: int) -> bool:
+        return now_ms < self.until_ms
+
+    def record(self, issued_by: str) -> Control:
+        text = json.dumps({"scope": self.scope, "name": self.name, "reason": self.reason})
+        return {"kind": "quarantine", "target": self.target, "value": float(self.until_ms),
+                "text": text, "issued_by": issued_by}
+
+    @staticmethod
+    def of(value: Control) -> Quarantine | None:
+        """The quarantine a control record states, or None if it states none readable."""
+        try:
+            meta = json.loads(value.get("text") or "{}")
+            scope, name = str(meta["scope"]), str(meta.get("name", ""))
+        except (ValueError, KeyError, TypeError):
+            return None
+        until, target = value.get("value"), value.get("target")
+        if scope not in QUARANTINE_SCOPES or until is None or not target:
+            return None
+        return Quarantine(scope, target, name, int(until), str(meta.get("reason", "")))
+
+
 @dataclass
 class ControlState:
     """The settings in force, folded from control records in topic order: pure logic."""
@@ -53,6 +102,7 @@ class ControlState:
     paused_targets: set[str] = field(default_factory=set)
     caps: dict[str, float] = field(default_factory=dict)
     backlog: dict[str, int] = field(default_factory=dict)  # parked jobs per partition
+    quarantines: dict[str, Quarantine] = field(default_factory=dict)  # by control key
     version: int = 0  # bumped on every change of a setting, so readers can notice cheaply
 
     @property
@@ -76,6 +126,12 @@ class ControlState:
                 self.paused_targets.add(target)
             else:
                 self.paused_targets.discard(target)
+        elif key.startswith(QUARANTINE_PREFIX):
+            q = Quarantine.of(value) if value is not None else None
+            if q is not None:
+                self.quarantines[key] = q
+            else:
+                self.quarantines.pop(key, None)
         elif key.startswith("cap:"):
             target = key[len("cap:"):]
             cap = value.get("value") if value is not None else None
@@ -86,6 +142,13 @@ class ControlState:
 
     def target_paused(self, target: str) -> bool:
         return self.paused or target in self.paused_targets
+
+    def quarantined(self, scope: str, target: str, name: str = "",
+                    now_ms: int | None = None) -> Quarantine | None:
+        """The active quarantine of ``scope`` (profile, egress, target) for ``target``."""
+        q = self.quarantines.get(quarantine_key(scope, target, name))
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        return q if q is not None and q.active(now) else None
 
 
 class ControlReader:

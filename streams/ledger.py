@@ -54,6 +54,10 @@ class Pending:
     key: str
     park_key: bytes | None = None
     allowed_by: object | None = None  # robots rules already checked at dispatch: allowed
+    #: The identity this attempt is sent as (the profile placed for it, the egress chosen
+    #: for it): set at dispatch, carried by its telemetry event.
+    profile: str = ""
+    egress: str = "direct"
 
     @property
     def target(self) -> str:

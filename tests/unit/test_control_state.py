@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from streams.control import GLOBAL_PAUSE, ControlState, backlog_key, cap_key, pause_key
+from streams.control import (
+    GLOBAL_PAUSE,
+    ControlState,
+    Quarantine,
+    backlog_key,
+    cap_key,
+    pause_key,
+    quarantine_key,
+)
 
 
 def _backlog(n: int) -> dict[str, object]:
@@ -34,3 +42,26 @@ def test_backlog_figures_are_not_setting_changes() -> None:
     assert st.version == 2
     assert st.target_paused("a.example") and st.caps == {"b.example": 0.5}
     assert not st.paused and GLOBAL_PAUSE == "pause:*"
+
+
+def test_a_quarantine_holds_its_own_scope_only_until_it_ends() -> None:
+    state = ControlState()
+    q = Quarantine("profile", "a.example", "research", until_ms=10_000, reason="3 blocks")
+    state.apply(quarantine_key("profile", "a.example", "research"), q.record("quarantine-0"))
+    assert state.quarantined("profile", "a.example", "research", now_ms=9_999) == q
+    assert state.quarantined("profile", "a.example", "research", now_ms=10_000) is None
+    assert state.quarantined("profile", "b.example", "research", now_ms=0) is None
+    assert state.quarantined("profile", "a.example", "other", now_ms=0) is None
+    assert state.quarantined("egress", "a.example", "research", now_ms=0) is None
+    state.apply(quarantine_key("profile", "a.example", "research"), None)  # lifted
+    assert state.quarantined("profile", "a.example", "research", now_ms=0) is None
+
+
+def test_an_unreadable_quarantine_record_states_nothing() -> None:
+    state = ControlState()
+    key = quarantine_key("egress", "a.example", "proxy-1")
+    state.apply(key, {"kind": "quarantine", "target": "a.example", "value": 5.0,
+                      "text": "not json", "issued_by": ""})
+    state.apply(key, {"kind": "quarantine", "target": "a.example", "value": None,
+                      "text": '{"scope": "egress", "name": "proxy-1"}', "issued_by": ""})
+    assert state.quarantines == {}
