@@ -116,9 +116,12 @@ class _Session:
                                    self.topo.partitions)
         self.stores = FetchStores(self.s, self.topo, self.enc, self.seen, self.parked,
                                   Membership(self.topo, "fetch"))
+        profiles = self.s.profile_table.values()
         self.robots = RobotsCache(self.s.robots_agent, self.s.robots_ttl_s,
                                   lambda t, i: self.policy.on_robots(t, i),
-                                  max_origins=self.s.max_target_state)
+                                  max_origins=self.s.max_target_state,
+                                  tokens_for=lambda t: {p.robots_token for p in profiles
+                                                        if p.allowed_for(t)})
         self.policy = TargetPolicy(self.s, self.sched, self.robots, self._cap,
                                    self.status.add)
         self.wake = asyncio.Event()
@@ -136,6 +139,8 @@ class _Session:
                                   track_members=self.s.fleet_rate_cap > 0)
         self.status.gauge_fns["deferred_targets"] = \
             lambda: self.policy.deferred_targets(time.monotonic())
+        self.status.gauge_fns["egress_cooling"] = \
+            lambda: len(self.policy.identities.health.cooling(time.monotonic()))
 
     # --- SessionLogic: the runtime's questions, on the Kafka thread ------------------------
 
@@ -154,7 +159,7 @@ class _Session:
 
     def keep_only(self, owned: set[int]) -> None:
         self.stores.keep_only(owned)
-        self.loop.call_soon_threadsafe(self.dispatch.drop_stale)
+        self.loop.call_soon_threadsafe(self.dispatch.keep_only, set(owned))
 
     def commit_outputs(self) -> list[Output]:
         return self.intake.backlog_reports(self.st.worker)
@@ -171,7 +176,8 @@ class _Session:
     def full(self, paused: bool) -> bool:
         """Memory is bounded per target (work beyond a share is parked), so the worker as a
         whole is full only when many targets are each at their share."""
-        buffered = len(self.sched) + self.dispatch.running
+        buffered = len(self.sched) + self.dispatch.running \
+            + self.policy.identities.waiting_total()
         return buffered >= self.s.max_buffered or (
             paused and buffered >= self.s.max_buffered // 2)
 
@@ -243,9 +249,11 @@ class _Session:
     # --- live control: caps and paused targets ---------------------------------------------
 
     def _base_interval(self, target: str) -> float:
-        """Interval for a target given a slot (the policy's); hold it if it is paused."""
+        """Interval for a target given a slot (the policy's); hold it if it is paused or
+        quarantined as a whole."""
         state = self.kafka.control_state
-        if state is not None and state.target_paused(target):
+        if (state is not None and state.target_paused(target)) \
+                or self.dispatch.held_by_control(target):
             self.loop.call_soon(self.sched.hold, target)
         return self.policy.base_interval(target)
 

@@ -2,9 +2,14 @@
 
 Ready jobs are started within the worker's in-flight limit and the fleet-wide pace; a job
 outside its target's crawl window waits, one known to be disallowed by robots.txt is
-dead-lettered without spending the target's slot. One job asks robots.txt first (through
-the cache), then makes its request; the answer becomes records (:class:`OutcomeRules`)
-and a signal the target's policy reads (rests, slowdowns, shedding to disk).
+dead-lettered without spending the target's slot. Each job is placed on a profile and an
+egress (:class:`consumers.identities.Identities`) as it goes; one with no eligible profile
+or egress waits (its slot given back, never dropped) and is queued again when the control
+state changes or every ``WAIT_RECHECK_S``. A target-scoped quarantine holds the target like
+a pause. One job asks robots.txt first (through the cache, with its profile's User-Agent),
+then makes its request as its identity; the answer becomes records (:class:`OutcomeRules`)
+and a signal the target's policy reads (rests, slowdowns, shedding to disk) and its
+identity's (the pair's cookie jar, the egress's health).
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from datetime import UTC, datetime
 
 from consumers.classify import Signal
 from consumers.fetch_intake import Intake
-from consumers.http_fetch import Fetcher
+from consumers.http_fetch import Fetcher, Identity
+from consumers.identities import EGRESS_META, WAIT_RECHECK_S, Identities
 from consumers.outcomes import OutcomeRules, Result
 from consumers.pacer import Pacer
 from consumers.parking import ParkedQueues
@@ -27,7 +33,8 @@ from consumers.scheduler import TargetScheduler
 from consumers.target_policy import TargetPolicy
 from core.config import Settings
 from core.errors import CrawlfleetError, RobotsDisallowedError
-from schemas.topics import Topology
+from core.profiles import unknown_profile
+from schemas.topics import Topology, partition_for
 from streams.control import ControlState
 from streams.ledger import Ledger, Pending
 from streams.status import StatusFile
@@ -51,11 +58,18 @@ class Dispatcher:
         self.running = 0
         self.paused = False
         self.tasks: set[asyncio.Task[None]] = set()
+        self.ids: Identities = policy.identities
+        self.control: ControlState | None = None  # the last control state applied
+        self.recheck_at = 0.0  # when waiting jobs and quarantine holds are looked at again
+        #: Targets held by a target-scoped quarantine, and why (shown in the status file).
+        self.quarantined: dict[str, str] = {}
 
     async def dispatch_loop(self) -> None:
         while True:
             now = time.monotonic()
             self.intake.refill_due(now)
+            if now >= self.recheck_at:
+                self.recheck(now)
             free = self.s.max_inflight - self.running
             if self.paused:
                 free = 0  # a person paused the fleet: finish what is in flight, start nothing
@@ -70,7 +84,7 @@ class Dispatcher:
                     if target in self.policy.windows and self._outside_window(target, pj, now):
                         self.sched.done(target, now)
                         continue
-                    if self._disallowed_now(target, pj, now):
+                    if not self.place(target, pj, now) or self._disallowed_now(target, pj, now):
                         self.sched.done(target, now)
                         continue
                     self.running += 1
@@ -82,6 +96,8 @@ class Dispatcher:
             due, wake = self.sched.next_due(), self.policy.next_wake()
             if wake is not None:
                 due = wake if due is None else min(due, wake)
+            if self.ids.waiting_total() or self.quarantined:
+                due = self.recheck_at if due is None else min(due, self.recheck_at)
             paced = self.pacer.next_at()
             if due is not None and paced is not None:
                 due = max(due, paced)
@@ -99,7 +115,7 @@ class Dispatcher:
         rules = self.robots.known(pj.job["url"])
         if rules is None or rules.unreachable:
             return False
-        if rules.allows(pj.job["url"], self.s.robots_agent):
+        if rules.allows(pj.job["url"], self.token(pj)):
             pj.allowed_by = rules  # _fetch need not ask protego again
             return False
         self.sched.refund(target, now)
@@ -109,6 +125,53 @@ class Dispatcher:
         self.intake.finish(pj, res.outputs, res.seen)
         self.intake.refill(target)
         return True
+
+    def token(self, pj: Pending) -> str:
+        """The robots.txt token the job's rules are matched with: its placed profile's."""
+        profile = self.ids.profiles.get(pj.profile)
+        return profile.robots_token if profile is not None else self.s.robots_agent
+
+    def place(self, target: str, pj: Pending, now: float) -> bool:
+        """Place ``pj`` on a profile and an egress (``pj.profile``, ``pj.egress``); False
+        when it cannot go now: it waits for an eligible one (its slot given back), or it
+        was dead-lettered (a pinned profile this worker does not know)."""
+        job = pj.job
+        now_ms = int(time.time() * 1000)
+        pinned = bool(job.get("pinned", True))  # a job from before "pinned" was pinned
+        if pinned and job["profile"] not in self.ids.profiles:
+            self.sched.refund(target, now)
+            res = self.rules.dead(pj, "unknown_profile", f"profile {job['profile']!r} is "
+                                  "not configured on this worker", 0, now)
+            self.status.metrics.dead_letter(res.reason)
+            self.intake.finish(pj, res.outputs, res.seen)
+            return False
+        profile = self.ids.place(target, job["profile"], pinned, now_ms)
+        egress = None if profile is None else self.ids.choose_egress(
+            target, profile, (job.get("meta") or {}).get(EGRESS_META), job.get("last_error"),
+            now, now_ms)
+        if profile is None or egress is None:
+            self.sched.refund(target, now)
+            self.ids.wait(target, pj)
+            self.status.add("identity_waits")
+            return False
+        pj.profile, pj.egress = profile, egress
+        return True
+
+    def identity(self, pj: Pending) -> Identity:
+        """What ``pj``'s request is sent as: its profile's headers, its (target, profile)
+        cookie jar, its egress's proxy. A job started without placement (a test's) goes as
+        its own profile directly; a pinned one whose profile is unknown here is never sent
+        as another identity (intake dead-letters those first: this is the last guard)."""
+        if pj.profile not in self.ids.profiles:
+            own = pj.job["profile"]
+            refused = unknown_profile(own, self.ids.profiles)
+            if refused is not None and pj.job.get("pinned", True):
+                raise refused
+            pj.profile = own if refused is None else self.s.default_profile
+        profile = self.ids.profiles[pj.profile]
+        egress = self.ids.egress.get(pj.egress)
+        return Identity(profile.request_headers(), self.ids.jar(pj.target, pj.profile),
+                        egress.proxy if egress is not None and egress.proxy else None)
 
     def _outside_window(self, target: str, pj: Pending, now: float) -> bool:
         """Outside the target's crawl window the job waits (queued or parked), never dropped."""
@@ -126,7 +189,8 @@ class Dispatcher:
         result: Result | None = None
         answered = -1  # no page request sent; 0: sent, no answer; else the answer's status
         try:
-            rules = await self.robots.rules_for(job["url"], target)
+            identity = self.identity(pj)
+            rules = await self.robots.rules_for(job["url"], target, identity)
             if rules is None:  # this slot was spent on robots.txt: go again later
                 now = time.monotonic()
                 self.sched.push_front(target, pj, now, tier=pj.tier)
@@ -144,12 +208,12 @@ class Dispatcher:
                     # rests no slot: its cached rules answer a next job until then, so
                     # it can be forgotten like any idle target (a minted host, say).
                     self.defer(target, UNREACHABLE_RETRY_S, time.monotonic())
-            elif rules is not pj.allowed_by and not rules.allows(job["url"],
-                                                                  self.s.robots_agent):
+            elif rules is not pj.allowed_by and not rules.allows(job["url"], self.token(pj)):
                 raise RobotsDisallowedError(f"robots.txt disallows {job['url']}")
             else:
                 answered = 0
-                resp = await self.fetcher.get(job["url"])
+                self.ids.sent(target, pj.profile)
+                resp = await self.fetcher.get(job["url"], identity=identity)
                 answered = resp.status
                 result = self.rules.response(pj, resp, started)
         except CrawlfleetError as exc:
@@ -165,6 +229,8 @@ class Dispatcher:
         if result is None:
             return
         self.observe(target, result)
+        if answered >= 0 and pj.profile:
+            self.ids.observe(target, pj.profile, pj.egress, result.signal, time.monotonic())
         if answered >= 0:
             self.status.metrics.request(result.outcome, answered, time.monotonic() - started)
         if result.outputs and result.outputs[0].topic == self.topo.fetched:
@@ -194,6 +260,14 @@ class Dispatcher:
         if self.policy.defer(target, wait, now):
             self.intake.shed(target, 0)
 
+    def keep_only(self, owned: set[int]) -> None:
+        """The worker owns only ``owned`` partitions now: the identity state (cookie jars,
+        used profiles, waiting jobs) of every other target goes, then its queued jobs."""
+        parts = self.topo.partitions
+        for pj in self.ids.keep_only(lambda t: partition_for(t, parts) in owned):
+            self.ledger.release(pj)
+        self.drop_stale()
+
     def drop_stale(self) -> None:
         """Forget queued jobs of partitions this worker no longer owns."""
         def keep(pj: Pending) -> bool:
@@ -205,13 +279,49 @@ class Dispatcher:
         self.ledger.drop_holders(self.ledger.current)
         self.wake.set()
 
+    def held_by_control(self, target: str) -> bool:
+        """Whether ``target`` is held: paused by a person, or quarantined as a whole."""
+        state = self.control
+        return (state is not None and state.target_paused(target)) or \
+            self.ids.target_quarantine(target, int(time.time() * 1000)) is not None
+
     def apply_control(self, state: ControlState) -> None:
-        """Loop thread: re-derive target holds and intervals from the control state."""
-        now = time.monotonic()
-        for target in self.sched.targets():
-            if state.target_paused(target):
+        """Loop thread: re-derive target holds and intervals from the control state, apply
+        its quarantines to the identities and give every waiting job another chance."""
+        self.control = state
+        self.ids.apply_quarantines(state.quarantines.values(), int(time.time() * 1000))
+        self.recheck(time.monotonic(), self.sched.targets())
+
+    def recheck(self, now: float, targets: list[str] | None = None) -> None:
+        """Holds from the control state for ``targets`` (None: the ones a target
+        quarantine holds or held, which end on their own), and waiting jobs queued again
+        in order: each is placed anew at dispatch."""
+        self.recheck_at = now + WAIT_RECHECK_S
+        now_ms = int(time.time() * 1000)
+        if targets is None:
+            targets = [t for t in {*self.quarantined, *self.ids.quarantined_targets(now_ms)}
+                       if t in self.sched]
+        quarantined = {t: r for t, r in self.quarantined.items() if t not in targets}
+        for target in targets:
+            q = self.ids.target_quarantine(target, now_ms)
+            if q is not None:
+                quarantined[target] = q.reason or "quarantined"
+                if target not in self.quarantined:
+                    log.warning("target %s held by a quarantine: %s", target,
+                                quarantined[target])
+            if q is not None or (self.control is not None
+                                 and self.control.target_paused(target)):
                 self.sched.hold(target)
             else:
                 self.sched.release(target, now)
             self.sched.set_interval(target, self.policy.interval(target))
+        self.quarantined = quarantined
+        self.status.gauges["quarantined_targets"] = len(quarantined)
+        self.status.notes["quarantined_targets"] = dict(quarantined)
+        for target, jobs in (self.ids.take_waiting() if self.ids.waiting_total() else {}).items():
+            for pj in reversed(jobs):
+                if self.ledger.current(pj.tp, pj.epoch):
+                    self.sched.push_front(target, pj, now, tier=pj.tier)
+                else:
+                    self.ledger.release(pj)
         self.wake.set()

@@ -1,10 +1,11 @@
 """A fetch worker's intake: what comes in from the frontier, goes to disk and comes back.
 
-Each frontier record is admitted (decoded, its URL canonicalised, its scope and target
-checked again, its dedupe key looked up) and then held in memory within its target's share,
-or parked on disk (:class:`ParkedQueues`) to come back with a refill when the target has
-room. Every finished job's outputs, dedupe state and parked-queue change go to the
-:class:`Ledger`, which commits them with the input offsets. No Kafka call is made here.
+Each frontier record is admitted (decoded, its URL canonicalised, its profile looked up in
+this worker's configuration, its scope and target checked again, its dedupe key looked up)
+and then held in memory within its target's share, or parked on disk
+(:class:`ParkedQueues`) to come back with a refill when the target has room. Every finished
+job's outputs, dedupe state and parked-queue change go to the :class:`Ledger`, which
+commits them with the input offsets. No Kafka call is made here.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from consumers.seen import SeenStore
 from consumers.target_policy import TargetPolicy
 from core.config import Settings
 from core.errors import DecodeError, InvalidURLError
+from core.profiles import unknown_profile
 from core.urls import canonicalize, target_of
 from producers.lineage import DUPLICATE, PARKED, lineage_event
 from producers.replay import job_dedupe_key
@@ -54,6 +56,7 @@ class Intake:
         self.seen, self.parked, self.policy, self.sched = seen, parked, policy, sched
         self.rules, self.status, self.wake = rules, status, wake
         self._allowed = frozenset(s.allowed_targets)
+        self._profiles = s.profile_table
         self.refill_sweep_at = time.monotonic() + REFILL_SWEEP_S
 
     def admit(self, msgs: list[Message]) -> None:
@@ -80,6 +83,8 @@ class Intake:
                 self.status.metrics.dead_letter(exc.reason)
                 self.finish_raw(tp, offset, epoch, [
                     self.enc.dead(job, None, tp[0], exc.reason, str(exc), job["attempt"])])
+                continue
+            if self.unknown_profile(tp, offset, epoch, job):
                 continue
             verdict = recheck(job, scope=self.s.scope, target_mode=self.s.target_mode,
                               allowed=self._allowed)
@@ -163,6 +168,13 @@ class Intake:
                 continue  # refill in batches, not one scan per finished job
             for key, job in self.parked.take(part, target, tier, room):
                 pj = Pending(tp, -1, epoch, job, job_dedupe_key(job), park_key=key)
+                exc = unknown_profile(job["profile"], self._profiles)
+                if exc is not None:  # parked by a worker configured otherwise
+                    self.status.metrics.dead_letter(exc.reason)
+                    self.status.add("dead")
+                    self.finish(pj, [self.enc.dead(job, None, tp[0], exc.reason, str(exc),
+                                                   job["attempt"])], None)
+                    continue
                 if self.ledger.is_duplicate(pj, self.seen.get):
                     self.status.add("skipped_seen")
                     self.finish(pj, [self.duplicate(pj)], None)  # only its entry goes
@@ -195,6 +207,17 @@ class Intake:
             changes.append((pj.tp[1], pj.park_key, None))
         if not self.ledger.finish(pj, outputs, seen, changes) and pj.park_key is not None:
             self.parked.untake(pj.park_key)
+
+    def unknown_profile(self, tp: TP, offset: int, epoch: int, job: CrawlJob) -> bool:
+        """Dead-letter a job whose profile this worker does not know (``unknown_profile``),
+        before any request or dedupe state: nobody here can send it as that identity."""
+        exc = unknown_profile(job["profile"], self._profiles)
+        if exc is None:
+            return False
+        self.status.metrics.dead_letter(exc.reason)
+        self.finish_raw(tp, offset, epoch, [
+            self.enc.dead(job, None, tp[0], exc.reason, str(exc), job["attempt"])])
+        return True
 
     def misplaced(self, tp: TP, offset: int, epoch: int, job: CrawlJob,
                    verdict: str) -> None:

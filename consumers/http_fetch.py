@@ -11,18 +11,29 @@ bodies are streamed and capped after decompression; every request has a total ti
 failure class in one place (:func:`consumers.classify.classify_exception`). Header bytes
 that are not UTF-8 never reach a record as lone surrogates (:func:`header_text`,
 :func:`location_text`).
+
+Each request carries its :class:`Identity`: the profile's User-Agent and headers, its
+(target, profile) cookie jar (the session itself keeps none), and its egress. Through a
+proxy, the address policy still holds: the host is resolved and checked here
+(:meth:`Fetcher._checked_address`), and the proxy is asked for the checked address itself
+(absolute-form for http, CONNECT for https), the name kept as Host header and TLS server
+name, so a proxy never resolves a name on our behalf (a rebinding answer, a name that
+points inside). Proxy credentials travel in the proxy URL only and never reach a message.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import socket
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
+from yarl import URL
 
 from consumers.classify import classify_exception
 from consumers.resolver import GuardedResolver
@@ -61,8 +72,30 @@ class Response:
     location: str | None = None  # a redirect's Location header, as sent
 
 
+@dataclass(frozen=True)
+class Identity:
+    """Who one request is sent as: ``headers`` (the profile's User-Agent and extra
+    headers), ``jar`` (the (target, profile) cookie jar; None sends no cookies) and
+    ``proxy`` (the egress's forward proxy URL, credentials included; None: direct)."""
+
+    headers: dict[str, str] = field(default_factory=dict)
+    jar: aiohttp.CookieJar | None = None
+    proxy: str | None = None
+
+    def __repr__(self) -> str:  # never the proxy's credentials
+        return f"Identity(headers={self.headers!r}, proxied={self.proxy is not None})"
+
+
 def address_policy(settings: Settings) -> AddressPolicy:
     return AddressPolicy.of(settings.allow_private, settings.allow_hosts)
+
+
+def proxy_hosts(settings: Settings) -> frozenset[str]:
+    """Host names of the configured proxies: the operator's own way out, connected to
+    without the address check a crawl destination gets (a proxy often sits on a private
+    network)."""
+    return frozenset(urlsplit(e.proxy).hostname or "" for e in settings.egress_table.values()
+                     if e.proxy) - {""}
 
 
 class Fetcher:
@@ -76,7 +109,7 @@ class Fetcher:
         self._s = settings
         self._session: aiohttp.ClientSession | None = None
         self.policy = address_policy(settings)
-        self.resolver = GuardedResolver(self.policy, resolver)
+        self.resolver = GuardedResolver(self.policy, resolver, trusted=proxy_hosts(settings))
 
     async def __aenter__(self) -> Fetcher:
         connector = aiohttp.TCPConnector(limit=self._s.max_inflight, ttl_dns_cache=300,
@@ -99,13 +132,26 @@ class Fetcher:
         await self.resolver.close()
 
     async def get(self, url: str, max_bytes: int | None = None, *,
-                  follow_redirects: bool = False, truncate: bool = False) -> Response:
-        """GET ``url``; raise a classified :class:`CrawlfleetError` on any failure.
+                  follow_redirects: bool = False, truncate: bool = False,
+                  identity: Identity | None = None) -> Response:
+        """GET ``url`` as ``identity``; raise a classified :class:`CrawlfleetError` on any
+        failure (never naming a proxy's credentials).
 
         A redirect is returned as it is unless ``follow_redirects`` (robots.txt), which
         follows up to ``max_redirects`` hops, never the same URL twice. ``truncate`` keeps
         the first ``max_bytes`` of a longer body instead of refusing it (robots.txt).
         """
+        try:
+            return await self._get(url, max_bytes, follow_redirects, truncate,
+                                   identity or Identity())
+        except CrawlfleetError as exc:
+            secret = _password(identity.proxy) if identity and identity.proxy else None
+            if secret and secret in str(exc):
+                raise type(exc)(str(exc).replace(secret, "***")) from None
+            raise
+
+    async def _get(self, url: str, max_bytes: int | None, follow_redirects: bool,
+                   truncate: bool, identity: Identity) -> Response:
         assert self._session is not None, "use Fetcher as an async context manager"
         started = time.monotonic()
         redirects: list[str] = []
@@ -115,7 +161,9 @@ class Fetcher:
             async with asyncio.timeout(self._s.request_timeout_s):
                 while True:
                     self._check_literal(current)
-                    async with self._session.get(current, allow_redirects=False) as resp:
+                    async with self._request(current, identity) as resp:
+                        if identity.jar is not None:
+                            identity.jar.update_cookies(resp.cookies, URL(current))
                         location = resp.headers.get("Location")
                         ctype = header_text(resp.headers.get("Content-Type", ""))
                         retry_after = resp.headers.get("Retry-After")
@@ -148,6 +196,39 @@ class Fetcher:
         except Exception as exc:  # every other failure gets its class, never escapes raw
             raise classify_exception(exc, current) from exc
 
+    def _request(self, url: str, identity: Identity) -> Any:
+        """The request of one hop as ``identity`` (an aiohttp request context manager)."""
+        assert self._session is not None
+        headers = dict(identity.headers)
+        if identity.jar is not None:
+            cookies = identity.jar.filter_cookies(URL(url))
+            if cookies:
+                headers["Cookie"] = "; ".join(f"{k}={m.value}" for k, m in cookies.items())
+        if identity.proxy is None:
+            return self._session.get(url, allow_redirects=False, headers=headers)
+        return _ProxiedGet(self, url, headers, identity.proxy)
+
+    async def checked_address(self, url: str) -> tuple[str, dict[str, Any]]:
+        """``url`` with its host replaced by an address the policy allows (resolved here,
+        by the guarded resolver), and the request options that keep the name: the Host
+        header and, for https, the TLS server name. An IP literal is kept as it is."""
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        try:
+            ipaddress.ip_address(host)
+            return url, {}
+        except ValueError:
+            pass
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        answers = await self.resolver.resolve(host, port, socket.AF_UNSPEC)
+        ip = str(answers[0]["host"])
+        shown = f"[{ip}]" if ":" in ip else ip
+        netloc = f"{shown}:{parts.port}" if parts.port else shown
+        extra: dict[str, Any] = {"headers": {"Host": parts.netloc.rsplit("@", 1)[-1]}}
+        if parts.scheme == "https":
+            extra["server_hostname"] = host
+        return parts._replace(netloc=netloc).geturl(), extra
+
     def _check_literal(self, url: str) -> None:
         """IP-literal hosts never reach a resolver: check them against the policy here."""
         host = urlsplit(url).hostname or ""
@@ -160,6 +241,33 @@ class Fetcher:
                 raise InvalidURLError(f"non-canonical numeric host in {url!r}") from None
             return  # a name: the guarded resolver checks each address it resolves to
         self.policy.check(host, host)
+
+
+class _ProxiedGet:
+    """One GET through a forward proxy to the checked address (an async context manager
+    like aiohttp's, since the address is resolved first, asynchronously)."""
+
+    def __init__(self, fetcher: Fetcher, url: str, headers: dict[str, str],
+                 proxy: str) -> None:
+        self.fetcher, self.url, self.headers, self.proxy = fetcher, url, headers, proxy
+        self._cm: Any = None
+
+    async def __aenter__(self) -> aiohttp.ClientResponse:
+        assert self.fetcher._session is not None
+        address_url, extra = await self.fetcher.checked_address(self.url)
+        headers = {**self.headers, **extra.pop("headers", {})}
+        self._cm = self.fetcher._session.get(address_url, allow_redirects=False,
+                                             headers=headers, proxy=self.proxy, **extra)
+        resp: aiohttp.ClientResponse = await self._cm.__aenter__()
+        return resp
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._cm is not None:
+            await self._cm.__aexit__(*exc)
+
+
+def _password(proxy: str) -> str | None:
+    return urlsplit(proxy).password
 
 
 def header_text(value: str) -> str:

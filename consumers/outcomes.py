@@ -9,11 +9,13 @@ encoding: no Kafka, no clock beyond timestamps on the records.
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass
-from typing import cast
+from typing import TypedDict, cast
 
 from consumers.classify import Signal, Verdict, classify_status
 from consumers.http_fetch import REDIRECT_STATUSES, Response
+from consumers.identities import EGRESS_META
 from consumers.scope import follow
 from consumers.seen import DEAD, DONE, RETRYING
 from core.config import Settings
@@ -24,7 +26,7 @@ from core.errors import (
     TruncatedBodyError,
 )
 from core.urls import resolve_link, target_of
-from core.versions import FETCHER_VERSION, HTTP_LIB_VERSION, TLS_LIB_VERSION
+from core.versions import FETCHER_VERSION, HTTP_LIB_VERSION, TLS_LIB_VERSION, code_revision
 from producers.lineage import ENQUEUED, lineage_event
 from producers.replay import REDIRECT_HOPS, without_replay
 from schemas.records import CrawlJob, FetchEvent, FetchResult, Seen, SeenState
@@ -33,9 +35,30 @@ from streams.io import Encoder, Output
 from streams.ledger import Pending
 
 
+def placed_job(pj: Pending) -> CrawlJob:
+    """The job as this attempt was sent, for every record it produces (page, retry, dead
+    letter): the profile placed for it and, in ``meta``, the egress it went through (a
+    retry after a block or timeout avoids that egress). An unpinned job's dedupe key has no
+    profile in it, so naming the placed one changes no key."""
+    job = pj.job
+    if not pj.profile:
+        return job
+    return {**job, "profile": pj.profile,
+            "meta": {**(job.get("meta") or {}), EGRESS_META: pj.egress}}
+
+
 def redirect_hops(job: CrawlJob) -> int:
     value = (job.get("meta") or {}).get(REDIRECT_HOPS, "0")
     return int(value) if value.isascii() and value.isdigit() and len(value) < 6 else 0
+
+
+class VersionFields(TypedDict):
+    """The version tuple's fields, as pages (FetchResult v2) and events carry them."""
+
+    profile_bundle_version: str
+    http_version: str
+    tls_version: str
+    code_revision: str
 
 
 @dataclass
@@ -56,9 +79,15 @@ class OutcomeRules:
         self.enc = encoder
         self.worker = worker
         self.block_statuses = frozenset(settings.block_statuses)
+        self.code_revision = code_revision(settings)  # the real one unless configured
+        #: The worker's version tuple, carried by every page it fetches (and its events).
+        self.versions: VersionFields = {
+            "profile_bundle_version": settings.profile_bundle_version,
+            "http_version": HTTP_LIB_VERSION, "tls_version": TLS_LIB_VERSION,
+            "code_revision": self.code_revision}
 
     def response(self, pj: Pending, resp: Response, started: float) -> Result:
-        job = pj.job
+        job = placed_job(pj)
         if resp.status in REDIRECT_STATUSES and resp.location is not None:
             return self.redirect(pj, resp, started)
         outcome = classify_status(resp.status, resp.retry_after, job["attempt"],
@@ -68,7 +97,7 @@ class OutcomeRules:
                 "job": job, "final_url": resp.url, "status": resp.status,
                 "content_type": resp.content_type, "body": resp.body,
                 "fetched_at_ms": int(time.time() * 1000), "elapsed_ms": resp.elapsed_ms,
-                "redirects": resp.redirects, "worker": self.worker}
+                "redirects": resp.redirects, "worker": self.worker, **self.versions}
             result = self.enc.record(self.topology.fetched, pj.target, pj.key.encode(), page)
             label = "blocked" if outcome.blocked else "ok"
             return Result([result, self.event(pj, resp.status, label, outcome.reason, started,
@@ -88,7 +117,7 @@ class OutcomeRules:
         the Location, and an in-scope target becomes a new frontier job (dedupe, robots.txt
         and the rate cap of its own target apply, as for a link). Out of scope, not
         crawlable or past ``max_redirects`` hops, it is recorded with that reason only."""
-        job = pj.job
+        job = placed_job(pj)
         assert resp.location is not None
         to = resolve_link(resp.url, resp.location)
         hops = redirect_hops(job)
@@ -104,7 +133,8 @@ class OutcomeRules:
             "job": job, "final_url": resp.url, "status": resp.status,
             "content_type": resp.content_type, "body": b"",
             "fetched_at_ms": int(time.time() * 1000), "elapsed_ms": resp.elapsed_ms,
-            "redirects": [to or resp.location[:2048]], "worker": self.worker}
+            "redirects": [to or resp.location[:2048]], "worker": self.worker,
+            **self.versions}
         outputs = [self.enc.record(self.topology.fetched, pj.target, pj.key.encode(), page),
                    self.event(pj, resp.status, "ok", reason, started, 0)]
         if reason == "redirect" and to is not None:
@@ -132,7 +162,7 @@ class OutcomeRules:
 
     def retry_or_dead(self, pj: Pending, reason: str, delay_s: float, status: int,
                       started: float, error: str = "") -> Result:
-        job = pj.job
+        job = placed_job(pj)
         attempt = job["attempt"] + 1
         if attempt >= self.s.max_attempts:
             return self.dead(pj, reason, error or f"gave up after {attempt} attempts",
@@ -148,7 +178,7 @@ class OutcomeRules:
 
     def dead(self, pj: Pending, reason: str, error: str, status: int,
              started: float) -> Result:
-        job = pj.job
+        job = placed_job(pj)
         return Result([self.enc.dead(job, None, pj.tp[0], reason, error, job["attempt"] + 1),
                        self.event(pj, status, "dead", reason, started, 0)],
                       (DEAD, job["attempt"]), outcome="dead", reason=reason)
@@ -172,11 +202,14 @@ class OutcomeRules:
               size: int) -> Output:
         job = pj.job
         record: FetchEvent = {
-            "url": job["url"], "target": pj.target, "profile": job["profile"],
+            "url": job["url"], "target": pj.target, "profile": pj.profile or job["profile"],
             "attempt": job["attempt"], "status": status, "outcome": outcome, "reason": reason,
             "elapsed_ms": int((time.monotonic() - started) * 1000), "bytes": size,
             "worker": self.worker, "fetcher_version": FETCHER_VERSION,
             "http_version": HTTP_LIB_VERSION, "tls_version": TLS_LIB_VERSION,
             "profile_bundle_version": self.s.profile_bundle_version,
-            "code_revision": self.s.code_revision, "ts_ms": int(time.time() * 1000)}
+            "code_revision": self.code_revision, "ts_ms": int(time.time() * 1000),
+            # Unique per attempt: the quarantine app counts distinct ids, so a replayed
+            # event never counts twice (a retried job's next attempt is another event).
+            "event_id": uuid.uuid4().hex, "egress": pj.egress}
         return self.enc.record(self.topology.telemetry, pj.target, pj.key.encode(), record)

@@ -18,7 +18,7 @@ from consumers.html import extract
 from consumers.scope import follow
 from core.errors import CrawlfleetError, InternalError
 from core.urls import dedupe_key, target_of
-from producers.lineage import ENQUEUED, lineage_event
+from producers.lineage import ENQUEUED, lineage_event, page_key
 from producers.replay import REDIRECT_HOPS, without_replay
 from schemas.records import CrawlJob, FetchResult, ParsedPage
 from streams.backpressure import FrontierGate
@@ -121,22 +121,27 @@ class ParseStage(BatchStage):
     def _page_output(self, result: FetchResult, title: str, text: str,
                      links: list[str]) -> Output:
         job = result["job"]
-        key = dedupe_key(job["profile"], job["url"])
+        key = page_key(job)
         page: ParsedPage = {
             "dedupe_key": key, "url": job["url"], "final_url": result["final_url"],
             "target": job["target"], "profile": job["profile"], "depth": job["depth"],
             "status": result["status"], "content_type": result["content_type"],
             "title": title, "text": text, "links": links, "body_bytes": len(result["body"]),
             "fetched_at_ms": result["fetched_at_ms"], "fetch_worker": result["worker"],
-            "parse_worker": self.worker, "parsed_at_ms": int(time.time() * 1000)}
+            "parse_worker": self.worker, "parsed_at_ms": int(time.time() * 1000),
+            # the fetching worker's version tuple (empty from a v1 FetchResult)
+            "profile_bundle_version": result["profile_bundle_version"],
+            "http_version": result["http_version"], "tls_version": result["tls_version"],
+            "code_revision": result["code_revision"]}
         return self.encoder.record(self.topology.parsed, job["target"], key.encode(), page)
 
     def _link_jobs(self, job: CrawlJob, links: list[str]) -> list[Output]:
         s = self.settings
         out = []
         meta = link_meta(job.get("meta"))
+        pinned = bool(job.get("pinned", True))
         for link in links:
-            key = dedupe_key(job["profile"], link)
+            key = dedupe_key(job["profile"], link, pinned)  # == page_key(link_job(...))
             if self._recent.touch(key):  # followed recently: most of a page's links are repeats
                 continue
             if not follow(link, job["target"], job["depth"], scope=s.scope,
@@ -144,11 +149,7 @@ class ParseStage(BatchStage):
                           allowed=self._allowed):
                 continue
             self._recent.add(key)
-            target = target_of(link, s.target_mode)
-            child: CrawlJob = {"url": link, "target": target, "profile": job["profile"],
-                               "depth": job["depth"] + 1, "attempt": 0,
-                               "parent_url": job["url"], "last_error": None,
-                               "priority": job.get("priority", 0), "meta": meta, "delay_ms": 0}
+            child = link_job(job, link, target_of(link, s.target_mode), meta)
             topic = self.topology.frontier_high if child["priority"] > 0 \
                 else self.topology.frontier
             out += [self.encoder.job(topic, child),
@@ -156,6 +157,15 @@ class ParseStage(BatchStage):
         self.status.add("links", len(out) // 2)
         self._gate.add(len(out) // 2)
         return out
+
+
+def link_job(page: CrawlJob, link: str, target: str, meta: dict[str, str]) -> CrawlJob:
+    """The frontier job of a link found on ``page``: a job of its page's kind -- the same
+    profile, pinned or not (so deduplicated on the same kind of key), one level deeper."""
+    return {"url": link, "target": target, "profile": page["profile"],
+            "depth": page["depth"] + 1, "attempt": 0, "parent_url": page["url"],
+            "last_error": None, "priority": page.get("priority", 0), "meta": meta,
+            "delay_ms": 0, "pinned": bool(page.get("pinned", True))}
 
 
 def link_meta(meta: dict[str, str] | None) -> dict[str, str]:
@@ -166,4 +176,4 @@ def link_meta(meta: dict[str, str] | None) -> dict[str, str]:
     return {k: v for k, v in without_replay(meta).items() if k != REDIRECT_HOPS}
 
 
-__all__ = ["ParseStage", "RecentSet", "job_key", "link_meta"]
+__all__ = ["ParseStage", "RecentSet", "job_key", "link_job", "link_meta"]

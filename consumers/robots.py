@@ -1,4 +1,4 @@
-"""robots.txt decisions (RFC 9309), cached per target with a TTL.
+"""robots.txt decisions (RFC 9309), cached per origin with a TTL, evaluated per robots token.
 
 2xx: parse the rules (the first 500 KiB of a larger file, RFC 9309 §2.5); 4xx: no rules,
 allow all; 5xx, timeout or connection failure: the site is unreachable, so disallow for
@@ -30,9 +30,15 @@ class RobotsRules:
     refused: str | None = None  # the address policy refused the origin: why, and the fix
 
     def allows(self, url: str, agent: str) -> bool:
+        """Whether ``agent`` (a profile's robots token: protego matches it at query time,
+        so one cached file answers every profile) may fetch ``url``."""
         if self.unreachable:
             return False
         return self.parser is None or bool(self.parser.can_fetch(url, agent))
+
+    def interval_for(self, agent: str) -> float:
+        """Crawl-delay / Request-rate for ``agent`` as a minimum interval (0: none)."""
+        return _min_interval(self.parser, agent) if self.parser is not None else 0.0
 
 
 def rules_from_response(status: int | None, body: bytes, agent: str) -> RobotsRules:

@@ -1,14 +1,21 @@
-"""The fetch stage's robots.txt cache: one fetch per origin and TTL, shared by its jobs."""
+"""The fetch stage's robots.txt cache: one fetch per origin and TTL, shared by its jobs.
+
+Rules are cached per origin and evaluated per robots token (protego matches the token at
+query time), so every profile reads the same file with its own ``User-agent`` group. The
+file is fetched with the User-Agent (and through the egress) of the profile whose job asked
+first, never with cookies. A target's Crawl-delay / Request-rate floor is the strictest the
+file sets for the tokens of the profiles allowed on it (the target has one rate).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import aiohttp
 
-from consumers.http_fetch import Fetcher
+from consumers.http_fetch import Fetcher, Identity
 from consumers.robots import (
     MAX_ROBOTS_BYTES,
     UNREACHABLE_RETRY_S,
@@ -26,11 +33,14 @@ from core.urls import origin_of
 
 class RobotsCache:
     """Rules per origin; ``on_rules(target, min_interval_s)`` hears each fetched file's
-    Crawl-delay / Request-rate, so the target's interval can honour it."""
+    Crawl-delay / Request-rate, so the target's interval can honour it. ``tokens_for``
+    names the robots tokens of the profiles allowed on a target (default: ``agent``)."""
 
     def __init__(self, agent: str, ttl_s: float,
-                 on_rules: Callable[[str, float], None], max_origins: int = 1 << 30) -> None:
+                 on_rules: Callable[[str, float], None], max_origins: int = 1 << 30,
+                 tokens_for: Callable[[str], Iterable[str]] | None = None) -> None:
         self.agent = agent
+        self.tokens_for = tokens_for or (lambda target: (agent,))
         self.ttl_s = ttl_s
         self.on_rules = on_rules
         self.max_origins = max_origins
@@ -77,10 +87,12 @@ class RobotsCache:
         """Rules already cached for the URL's origin (even if due for a refresh)."""
         return self._rules.get(origin_of(url))
 
-    async def rules_for(self, url: str, target: str) -> RobotsRules | None:
+    async def rules_for(self, url: str, target: str,
+                        identity: Identity | None = None) -> RobotsRules | None:
         """Cached rules for the URL's origin; None means "fetched them just now, requeue"
-        (that request was the target's slot). Raises :class:`ForbiddenAddressError` for an
-        origin the address policy refuses: no retry can help that job."""
+        (that request was the target's slot, sent as ``identity``: its User-Agent and
+        egress, never its cookies). Raises :class:`ForbiddenAddressError` for an origin
+        the address policy refuses: no retry can help that job."""
         origin = origin_of(url)
         rules = self._rules.get(origin)
         if rules is not None and self._expiry.get(origin, 0) > time.monotonic():
@@ -94,7 +106,7 @@ class RobotsCache:
         fut: asyncio.Future[RobotsRules] = asyncio.get_running_loop().create_future()
         self._pending[origin] = fut
         try:
-            rules = await self._fetch(origin)
+            rules = await self._fetch(origin, identity)
             self._drop(origin)  # re-inserted: the newest
             self._room()  # the bound holds at insertion
             self._rules[origin] = rules
@@ -103,7 +115,8 @@ class RobotsCache:
             ttl = UNREACHABLE_RETRY_S if rules.unreachable else self.ttl_s
             self._expiry[origin] = time.monotonic() + ttl
             self.peak = max(self.peak, len(self._rules))
-            self.on_rules(target, rules.min_interval_s)
+            self.on_rules(target, max((rules.interval_for(t) for t in self.tokens_for(target)),
+                                      default=rules.min_interval_s))
             fut.set_result(rules)
         finally:
             del self._pending[origin]
@@ -114,15 +127,17 @@ class RobotsCache:
             raise ForbiddenAddressError(rules.refused)
         return None
 
-    async def _fetch(self, origin: str) -> RobotsRules:
+    async def _fetch(self, origin: str, identity: Identity | None = None) -> RobotsRules:
         """Rules from the origin's robots.txt. Refused only if the origin's own address is:
         an allowed origin whose robots.txt redirects to a refused address has a robots.txt
         that cannot be fetched, i.e. unreachable (RFC 9309 §2.3.1.4: disallow all, try
         again later), and its jobs end ``robots_unreachable``, not ``address_not_allowed``."""
         assert self.fetcher is not None
+        extra = {} if identity is None else {
+            "identity": Identity(identity.headers, None, identity.proxy)}  # no cookies
         try:
             resp = await self.fetcher.get(origin + "/robots.txt", max_bytes=MAX_ROBOTS_BYTES,
-                                          follow_redirects=True, truncate=True)
+                                          follow_redirects=True, truncate=True, **extra)
         except ForbiddenRedirectError:
             return rules_from_response(None, b"", self.agent)
         except ForbiddenAddressError as exc:

@@ -1,4 +1,5 @@
-"""Store stage: parsed pages, telemetry, dead letters and lineage → ClickHouse, idempotently.
+"""Store stage: parsed pages, telemetry, dead letters, lineage and quarantines → ClickHouse,
+idempotently.
 
 Each batch is inserted with an ``insert_deduplication_token`` derived from the input
 offset ranges, and offsets are committed only after the insert returns. A crash between
@@ -50,6 +51,7 @@ from schemas.records import (
     FetchEvent,
     LineageEvent,
     ParsedPage,
+    QuarantineEvent,
     TimestampMs,
 )
 from streams import faults
@@ -97,7 +99,9 @@ def page_row(p: ParsedPage) -> tuple[Any, ...]:
     return (p["dedupe_key"], p["url"], p["final_url"], p["target"], p["profile"],
             min(p["depth"], 65535), p["status"], p["content_type"], p["title"], p["text"],
             p["links"], p["body_bytes"], _fetched_at(p["fetched_at_ms"]), p["fetch_worker"],
-            p["parse_worker"], _fetched_at(p.get("parsed_at_ms", 0)))
+            p["parse_worker"], _fetched_at(p.get("parsed_at_ms", 0)),
+            p.get("profile_bundle_version", ""), p.get("http_version", ""),
+            p.get("tls_version", ""), p.get("code_revision", ""))
 
 
 def _fetched_at(v: TimestampMs) -> datetime:
@@ -128,15 +132,28 @@ def lineage_row(event_id: str, e: LineageEvent) -> tuple[Any, ...]:
             e["stage"], e["worker"], e["version"])
 
 
+#: The quarantines table's columns (a row per quarantine issued, see infra/sql/schema.sql).
+QUARANTINE_COLUMNS = ("target", "scope", "name", "reason", "at", "until", "second_order",
+                      "blocks", "event_id", "app", "source")
+
+
+def quarantine_row(source: str, q: QuarantineEvent) -> tuple[Any, ...]:
+    return (q["target"], q["scope"], q["name"], q["reason"], _fetched_at(q["at_ms"]),
+            _fetched_at(q["until_ms"]), 1 if q["second_order"] else 0, q["blocks"],
+            q["event_id"], q["app"], source)
+
+
 #: The tables' unsigned columns (UInt16/UInt32) by position, with their largest value. A
 #: record that decodes yet holds a value outside one (a negative depth, say) would fail its
 #: whole batch's insert, and again on every replay: it is refused on its own instead.
 _UINT_MAX = {"depth": 0xFFFF, "status": 0xFFFF, "attempt": 0xFFFF, "attempts": 0xFFFF,
-             "body_bytes": 0xFFFFFFFF, "elapsed_ms": 0xFFFFFFFF, "bytes": 0xFFFFFFFF}
+             "body_bytes": 0xFFFFFFFF, "elapsed_ms": 0xFFFFFFFF, "bytes": 0xFFFFFFFF,
+             "blocks": 0xFFFF, "second_order": 0xFF}
 _UINT_COLUMNS: dict[str, tuple[tuple[int, str, int], ...]] = {
     table: tuple((i, c, _UINT_MAX[c]) for i, c in enumerate(cols) if c in _UINT_MAX)
     for table, cols in (("pages", PAGE_COLUMNS), ("fetch_events", EVENT_COLUMNS),
-                        ("dead_letters", DEAD_COLUMNS), ("lineage", LINEAGE_COLUMNS))}
+                        ("dead_letters", DEAD_COLUMNS), ("lineage", LINEAGE_COLUMNS),
+                        ("quarantines", QUARANTINE_COLUMNS))}
 
 
 def fits(table: str, row: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -243,7 +260,8 @@ class StoreStage(SinkStage):
 
     def write(self, batch: list[Message]) -> dict[tuple[str, int], int]:
         rows: dict[str, list[Sequence[Any]]] = {"pages": [], "fetch_events": [],
-                                                  "dead_letters": [], "lineage": []}
+                                                  "dead_letters": [], "lineage": [],
+                                                  "quarantines": []}
         ranges: dict[tuple[str, int], list[int]] = {}
         dead: list[Output] = []
         for msg in batch:
@@ -274,7 +292,8 @@ class StoreStage(SinkStage):
         columns: dict[str, Sequence[str]] = {"pages": PAGE_COLUMNS,
                                              "fetch_events": EVENT_COLUMNS,
                                              "dead_letters": DEAD_COLUMNS,
-                                             "lineage": LINEAGE_COLUMNS}
+                                             "lineage": LINEAGE_COLUMNS,
+                                             "quarantines": QUARANTINE_COLUMNS}
         for table, table_rows in rows.items():
             self.store.insert(table, columns[table], table_rows, f"{table}|{token}")
             self.status.add(f"stored_{table}", len(table_rows))
@@ -293,6 +312,9 @@ class StoreStage(SinkStage):
         elif topic == self.topology.lineage:
             step = self.codec.decode_as(LineageEvent, value, headers)
             rows["lineage"].append(fits("lineage", lineage_row(event_id, step)))
+        elif topic == self.topology.quarantines:
+            q = self.codec.decode_as(QuarantineEvent, value, headers)
+            rows["quarantines"].append(fits("quarantines", quarantine_row(event_id, q)))
         else:  # crawl.dead, the one other topic the store reads
             record = self.codec.decode_as(DeadLetter, value, headers)
             key = msg.key() or b""

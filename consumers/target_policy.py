@@ -9,11 +9,15 @@ the slots, decides when a target's state is forgotten, keeps the gauges, and tel
 slots decide. The fetch session only wires the decisions to Kafka, the parked store and the
 status file.
 
-Every per-target map (scheduler slots, robots.txt rules, policy slots, resting health) is
-bounded by ``max_target_state`` where its entries are made, so a site minting hosts cannot
-grow a worker's memory; forgetting never loosens a cap (only targets whose next request is
-allowed anyway go, and a degraded target's health is kept aside until it has been idle
-``target_idle_s``).
+It also owns the worker's :class:`Identities` (who each request goes as: cookie jars per
+(target, profile), placement, egress choice and health), forgotten with the rest of a
+target's state.
+
+Every per-target map (scheduler slots, robots.txt rules, policy slots, resting health,
+identities) is bounded by ``max_target_state`` where its entries are made, so a site
+minting hosts cannot grow a worker's memory; forgetting never loosens a cap (only targets
+whose next request is allowed anyway go, and a degraded target's health is kept aside
+until it has been idle ``target_idle_s``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 from consumers.adaptive import TargetHealth
 from consumers.classify import Signal
+from consumers.identities import Identities
 from consumers.robots_cache import RobotsCache
 from consumers.scheduler import TargetScheduler
 from consumers.target_slot import WINDOW_WAIT_CAP_S as WINDOW_WAIT_CAP_S
@@ -91,6 +96,7 @@ class TargetPolicy:
         self.wake_at: list[tuple[float, str]] = []
         self.forget_at = 0.0
         self.room_retry_at = 0.0
+        self.identities = Identities.of(s)
 
     # --- slots ----------------------------------------------------------------------------
 
@@ -216,7 +222,8 @@ class TargetPolicy:
     def held(self, target: str, tier: int) -> int:
         """A tier's jobs in memory (and the target's in flight): each tier has its own
         share, so the scheduler's high:bulk mix always sees both."""
-        return self.sched.queued(target, tier) + self.sched.inflight(target)
+        return self.sched.queued(target, tier) + self.sched.inflight(target) \
+            + self.identities.waiting(target)
 
     def must_park(self, target: str, tier: int, now: float, behind_parked: bool) -> bool:
         """Whether a new job goes to disk: behind what is parked, beyond the target's share,
@@ -261,6 +268,7 @@ class TargetPolicy:
             self.room_retry_at = now + ROOM_RETRY_S
         for target, idle_for in forgotten:
             self.robots.forget_target(target)
+            self.identities.forget(target)
             h = self._forget_slot(target)
             if h is not None and h.degraded and idle_for < self.s.target_idle_s:
                 self._rest_health(target, h, now - idle_for + self.s.target_idle_s)
@@ -310,4 +318,4 @@ class TargetPolicy:
                 "target_health": self._healths + len(self.resting_health),
                 "target_slots_peak": self.sched.slot_peak, "robots_rules_peak": self.robots.peak,
                 "robots_intervals_peak": self.robots_interval_peak,
-                "target_health_peak": self.health_peak}
+                "target_health_peak": self.health_peak, **self.identities.counts()}

@@ -156,6 +156,21 @@ class Settings:
     target_idle_s: float = 600.0
     #: Statuses that mean the site blocks us: outcome ``blocked``, the target slows down.
     block_statuses: tuple[int, ...] = (403,)
+    #: Quarantine (the faust app ``crawlfleet worker quarantine``): this many distinct
+    #: blocked attempts of one (target, profile) or (target, egress) within
+    #: ``quarantine_window_s`` of each other retire it for ``quarantine_s``; when more than
+    #: ``quarantine_target_share`` of the profiles allowed for a target are quarantined, the
+    #: whole target is paused for ``quarantine_s`` instead of burning the rest.
+    quarantine_blocks: int = 3
+    quarantine_window_s: float = 600.0
+    quarantine_s: float = 1800.0
+    quarantine_target_share: float = 0.5
+    #: Egress health (per fetch worker): ``egress_failures`` errors, timeouts or blocks
+    #: through one egress within ``egress_window_s`` take it out of its pools for
+    #: ``egress_cooloff_s`` (attempts go through the pool's other egresses meanwhile).
+    egress_failures: int = 5
+    egress_window_s: float = 60.0
+    egress_cooloff_s: float = 60.0
     request_timeout_s: float = 20.0
     connect_timeout_s: float = 5.0
     max_response_bytes: int = 5 * 1024 * 1024
@@ -206,8 +221,12 @@ class Settings:
     metrics_port: int = -1
     #: Address the metrics endpoint binds; loopback unless a scraper elsewhere needs it.
     metrics_bind: str = "127.0.0.1"
-    #: Code revision reported in telemetry's version tuple.
-    code_revision: str = __version__
+    #: Code revision of the version tuple (telemetry, pages, the approved set): empty =
+    #: auto, the git commit the package runs from (``+dirty`` if tracked files differ),
+    #: else the package version. Set it to name a build (tests play two versions so).
+    code_revision: str = ""
+    #: The profile bundle's version: the tuple's bundle field for the whole configured
+    #: set of profiles (bump it when any profile changes).
     profile_bundle_version: str = "1"
 
     def __post_init__(self) -> None:
@@ -313,14 +332,30 @@ def _problems(s: Settings) -> list[str]:
         out.append("partitions must be >= 1 (or 0 = automatic)")
     for name in ("replication", "max_inflight", "max_buffered", "max_attempts",
                  "store_batch_rows", "max_inflight_per_target", "target_buffer_floor",
-                 "max_target_state"):
+                 "max_target_state", "egress_failures"):
         if getattr(s, name) < 1:
             out.append(f"{name} must be >= 1")
     for name in ("rate_cap", "request_timeout_s", "connect_timeout_s", "commit_interval_s",
                  "robots_ttl_s", "seen_ttl_s", "store_batch_wait_s", "target_buffer_s",
-                 "restore_timeout_s", "target_idle_s"):
+                 "restore_timeout_s", "target_idle_s", "egress_window_s",
+                 "egress_cooloff_s"):
         if getattr(s, name) <= 0:
             out.append(f"{name} must be > 0")
+    for name in ("code_revision", "profile_bundle_version"):
+        value = getattr(s, name)
+        if re.search(r"[;=\x00-\x1f\x7f]", value) or value != value.strip():
+            out.append(f"{name} may not contain ';', '=', control characters or surrounding "
+                       "blanks (it is a field of the version tuple)")
+    if not s.profile_bundle_version:
+        out.append("profile_bundle_version must not be empty")
+    if s.quarantine_blocks < 1:
+        out.append("quarantine_blocks must be >= 1")
+    for name in ("quarantine_window_s", "quarantine_s"):
+        if getattr(s, name) <= 0:
+            out.append(f"{name} must be > 0")
+    if not 0 <= s.quarantine_target_share < 1:
+        out.append("quarantine_target_share must be in [0, 1): the target pauses when more "
+                   "than this share of its profiles is quarantined")
     if s.sample_interval_s < 0:
         out.append("sample_interval_s must be >= 0 (0 = no queue sampling)")
     if s.frontier_lag_bound < 0:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from core.errors import ConfigError
+from core.errors import ConfigError, FatalError
 
 DIRECT = "direct"
 #: Headers a profile may not set: the request's own (Host, Cookie: the jar's), and the
@@ -49,16 +49,21 @@ _PROFILE_KEYS = frozenset({"user_agent", "robots_token", "headers", "region", "e
 _EGRESS_KEYS = frozenset({"proxy", "region"})
 
 
+def valid_name(name: str) -> bool:
+    """Whether ``name`` can name a profile or an egress (never ``*``, the unpinned key's)."""
+    return bool(_NAME_RE.fullmatch(name))
+
+
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (proxy URLs in logs and listings)."""
+    """``url`` with its credentials hidden (proxy URLs in logs, errors and listings): a
+    password becomes ``***``, and so does a user name given without one (a token)."""
     parts = urlsplit(url)
-    if parts.password is None:
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    if not at:
         return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = parts.username or ""
-    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query,
+    user, colon, _ = userinfo.partition(":")
+    shown = f"{user}:***" if colon else "***"
+    return urlunsplit((parts.scheme, f"{shown}@{hostport}", parts.path, parts.query,
                        parts.fragment))
 
 
@@ -145,6 +150,10 @@ def parse_egress(raw: Mapping[str, Any]) -> dict[str, Egress]:
                               f"{sorted(_EGRESS_KEYS)}")
         proxy = str(spec.get("proxy") or "")
         parts = urlsplit(proxy)
+        try:
+            parts.port  # noqa: B018 -- raises on a port that is not a number
+        except ValueError:
+            raise ConfigError(f"{where}: proxy {redact_url(proxy)!r} has a bad port") from None
         if parts.scheme not in ("http",) or not parts.hostname:
             raise ConfigError(f"{where}: proxy must be an http:// URL of a forward proxy, not "
                               f"{redact_url(proxy)!r}")
@@ -218,3 +227,48 @@ def tables_of(value: Any, setting: str) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise ConfigError(f"setting {setting!r}: expected tables by name")
     return dict(value)
+
+
+class UnknownProfileError(FatalError):
+    """A job names a profile this worker's configuration does not know: it cannot be sent
+    as an identity nobody defined here, and trying again on this worker cannot help."""
+
+    reason = "unknown_profile"
+
+
+def unknown_profile(name: str, known: Mapping[str, Profile]) -> UnknownProfileError | None:
+    """The error of a job naming ``name``, or None when ``known`` has it."""
+    if name in known:
+        return None
+    return UnknownProfileError(
+        f"profile {name[:64]!r} is not configured on this worker (known: "
+        f"{', '.join(sorted(known))}); add it to [profiles] and replay the dead letter")
+
+
+PROFILE_COLUMNS = ("profile", "user_agent", "robots_token", "region", "egress", "cookies",
+                   "bundle", "targets", "headers")
+EGRESS_COLUMNS = ("egress", "region", "proxy", "used_by")
+
+
+def profile_rows(profiles: Mapping[str, Profile],
+                 egress: Mapping[str, Egress]) -> list[tuple[str, ...]]:
+    """``crawlfleet profiles``' rows: each profile with its egress pool (each egress with its
+    region and its proxy URL, password redacted). Header values are left out: a header may
+    carry a token, and its name is what an operator checks."""
+    rows: list[tuple[str, ...]] = []
+    for p in sorted(profiles.values(), key=lambda p: p.name):
+        pool = ", ".join(f"{e} ({egress[e].region}: {egress[e].shown})" if e in egress
+                         else f"{e} (unknown)" for e in p.egress)
+        rows.append((p.name, p.user_agent, p.robots_token, p.region, pool,
+                     "on" if p.cookies else "off", p.bundle_version,
+                     ", ".join(p.targets) or "all", ", ".join(k for k, _ in p.headers)))
+    return rows
+
+
+def egress_rows(profiles: Mapping[str, Profile],
+                egress: Mapping[str, Egress]) -> list[tuple[str, ...]]:
+    """Every egress (``direct`` included): its region, redacted proxy and the profiles using
+    it."""
+    return [(e.name, e.region, e.shown,
+             ", ".join(sorted(p.name for p in profiles.values() if e.name in p.egress)) or "-")
+            for e in sorted(egress.values(), key=lambda e: e.name)]

@@ -146,7 +146,9 @@ class ChaosRound:
         self.console = console
         self.expected = site_spec.expected()
         self.topo = topology_of(settings)
-        self.plan = Plan(fetch_workers=spec.fetch_workers, parse_workers=spec.parse_workers)
+        # No quarantine app: chaos audits the pipeline's no-loss, which it takes no part in.
+        self.plan = Plan(fetch_workers=spec.fetch_workers, parse_workers=spec.parse_workers,
+                         quarantine_workers=0)
         self.fleet = Fleet(settings, self.plan, settings.data_dir / "logs")
         self.rng = random.Random(spec.seed)  # noqa: S311 - a reproducible schedule
         self.kill_cycle = StageCycle(self.rng)

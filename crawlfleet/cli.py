@@ -115,16 +115,25 @@ def topics_create(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
 def publish_cmd(source: Annotated[str, typer.Argument(
                     metavar="SOURCE", help="File of URLs / JSON lines, or - for stdin.")],
                 config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
-                topic_prefix: PrefixOpt = None) -> None:
+                topic_prefix: PrefixOpt = None,
+                profile: Annotated[str | None, typer.Option(
+                    "--profile", help="Pin every line that names no profile to this one. "
+                    "[default: none; such lines are unpinned, starting at the default "
+                    "profile, env CRAWLFLEET_DEFAULT_PROFILE]")
+                ] = None) -> None:
     """Publish seeds to the frontier; bad lines are reported, good ones still go through."""
+    from core.profiles import valid_name
     from producers.frontier import TopicsMissingError, publish
+    if profile is not None and not valid_name(profile):
+        _error(f"--profile {profile!r} is not a profile name (letters, digits, '.', '_', '-')")
+        raise typer.Exit(2)
     try:
         s = _on_cluster(_settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix))
         if source == "-":
-            report = publish(sys.stdin, s)
+            report = publish(sys.stdin, s, profile)
         else:
             with open(source, encoding="utf-8", errors="replace") as fh:
-                report = publish(fh, s)
+                report = publish(fh, s, profile)
     except OSError as exc:
         _error(f"cannot read {source}: {exc}")
         raise typer.Exit(2) from exc
@@ -136,6 +145,9 @@ def publish_cmd(source: Annotated[str, typer.Argument(
         _fail(exc)
         return
     _print_bad_lines(report)
+    warning = report.profile_warning()
+    if warning:
+        err_console.print(f"warning: {warning}", markup=False, highlight=False)
     console.print(f"published {report.published}, duplicates dropped {report.duplicates}, "
                   f"bad lines {len(report.errors)}")
     if report.errors:
@@ -153,7 +165,8 @@ def _print_bad_lines(report: Any) -> None:
 @command("worker")
 def worker_cmd(stage: Annotated[str, typer.Argument(
                    metavar="STAGE",
-                   help="fetch | parse | store | retry, or a stage of stage_modules")],
+                   help="fetch | parse | store | retry | quarantine (the faust app that "
+                        "counts blocks), or a stage of stage_modules")],
                config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
                clickhouse: ClickhouseOpt = None, data_dir: DataDirOpt = None,
                topic_prefix: PrefixOpt = None,
@@ -178,14 +191,15 @@ def worker_cmd(stage: Annotated[str, typer.Argument(
     """
     from streams.worker import StopFlag, worker_name
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    from schemas.topics import stages
+    from schemas.topics import analytics_stages, stages
     try:
         s = _settings(config, bootstrap=bootstrap, clickhouse=clickhouse,
                       data_dir=data_dir, topic_prefix=topic_prefix,
                       allow_private=allow_private, allow_hosts=allow_hosts,
                       rate_cap=rate_cap, metrics_port=metrics_port)
-        if stage not in stages():  # after the settings: their stage_modules declare more
-            _error(f"unknown stage {stage!r}: " + ", ".join(stages()))
+        known = (*stages(), *analytics_stages())  # after the settings: stage_modules add
+        if stage not in known:
+            _error(f"unknown stage {stage!r}: " + ", ".join(known))
             raise typer.Exit(2)
         stop = StopFlag().install()
         name = worker_name(stage, worker_id, s.data_dir / "workers")

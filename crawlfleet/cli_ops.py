@@ -72,6 +72,45 @@ def resume_cmd(target: TargetOpt = None, config: ConfigOpt = None,
     _toggle(False, target, config, bootstrap, topic_prefix)
 
 
+@command("unquarantine")
+def unquarantine_cmd(target: Annotated[str, typer.Argument(
+                         metavar="TARGET", help="The target (host) to lift it on.")],
+                     profile_name: Annotated[str | None, typer.Option(
+                         "--profile", help="Lift this profile's quarantine on TARGET. "
+                                          "[default: the target pause]")
+                     ] = None,
+                     egress_name: Annotated[str | None, typer.Option(
+                         "--egress", help="Lift this egress's quarantine on TARGET. "
+                                         "[default: the target pause]")
+                     ] = None,
+                     config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
+                     topic_prefix: PrefixOpt = None) -> None:
+    """Lift a quarantine before it ends: the target pause (default), or one profile's or
+    egress's on TARGET (a tombstone on crawl.control; `crawlfleet top` lists them)."""
+    from confluent_kafka import Producer
+
+    from core.errors import KafkaStageError
+    from infra.topics import topology_of
+    from streams.control import quarantine_key
+    from streams.io import Encoder, producer_conf
+    if profile_name and egress_name:
+        _error("give --profile or --egress, not both")
+        raise typer.Exit(2)
+    scope, name = ("profile", profile_name) if profile_name else \
+        ("egress", egress_name) if egress_name else ("target", "")
+    key = quarantine_key(scope, target, name or "")
+    try:
+        s = _control_settings(config, bootstrap, topic_prefix)
+        out = Encoder(topology_of(s), "control").control(key, None)
+        producer = Producer(producer_conf(s, "crawlfleet-control"))
+        producer.produce(out.topic, key=out.key, value=None, partition=out.partition)
+        if producer.flush(30):
+            raise KafkaStageError(f"control record {key} was not delivered")
+    except CrawlfleetError as exc:
+        _fail(exc)
+    console.print(f"lifted the {scope} quarantine {target}|{name or ''}", markup=False)
+
+
 @command("cap")
 def cap_cmd(target: Annotated[str, typer.Argument(metavar="TARGET", help="Target (host).")],
             rate: Annotated[float | None, typer.Argument(
@@ -428,6 +467,30 @@ def trace_cmd(url: Annotated[str, typer.Argument(metavar="URL", help="The URL to
         _print_rows(trace.COLUMNS, [e.row() for e in events])
 
 
+# --- profiles ------------------------------------------------------------------------------
+
+
+@command("profiles")
+def profiles_cmd(config: ConfigOpt = None) -> None:
+    """List the crawl profiles and egresses of the configuration (proxy passwords redacted)."""
+    from core.profiles import EGRESS_COLUMNS, PROFILE_COLUMNS, egress_rows, profile_rows
+    try:
+        s = _settings(config)
+    except CrawlfleetError as exc:
+        _fail(exc)
+        return
+    profiles, egress = s.profile_table, s.egress_table
+    configured = "configured" if s.profiles else "implicit: none configured"
+    for title, cols, rows in (
+            (f"profiles ({configured}; default {s.default_profile})", PROFILE_COLUMNS,
+             profile_rows(profiles, egress)),
+            ("egress", EGRESS_COLUMNS, egress_rows(profiles, egress))):
+        t = Table(*cols, title=title)
+        for row in rows:
+            t.add_row(*(cell(v) for v in row))
+        console.print(t)
+
+
 # --- plan ----------------------------------------------------------------------------------
 
 
@@ -512,3 +575,7 @@ def doctor_cmd(config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
     console.print(t)
     if doctor.failed(results):
         raise typer.Exit(1)
+
+
+# approve, approved, revoke: the approved set of version tuples (registered on import).
+from crawlfleet import cli_approval  # noqa: E402,F401

@@ -33,7 +33,7 @@ from infra.lag import LagProbe
 from infra.store_query import run_query
 from infra.topics import adopt_partitions, create_topics, delete_topics, topology_of
 from producers.frontier import PublishReport, jobs_from_lines, publish
-from schemas.topics import Topology, stage_spec, stages
+from schemas.topics import Topology, analytics_stages, stage_spec, stages
 from streams.status import holds_work, read_statuses
 from streams.worker import kafka_answers
 
@@ -50,12 +50,19 @@ class Plan:
 
     #: Workers of each stage declared in ``stage_modules`` (the topology's others).
     other_workers: int = 1
+    #: Quarantine apps (faust; analytics: started and restarted, never waited on).
+    quarantine_workers: int = 1
 
     def counts(self) -> dict[str, int]:
         """Workers per stage, every stage of the topology (the pipeline's and declared)."""
         own = {"fetch": self.fetch_workers, "parse": self.parse_workers,
                "store": self.store_workers, "retry": self.retry_workers}
         return {stage: own.get(stage, self.other_workers) for stage in stages()}
+
+    def processes(self) -> dict[str, int]:
+        """Workers per stage to start: :meth:`counts` and the analytics stages."""
+        extra = {"quarantine": self.quarantine_workers}
+        return {**self.counts(), **{st: extra.get(st, 1) for st in analytics_stages()}}
 
     def partitions(self) -> int:
         """Partitions for topics that only this plan's processes will ever consume.
@@ -127,7 +134,7 @@ class Fleet:
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        for stage, n in self.plan.counts().items():
+        for stage, n in self.plan.processes().items():
             for i in range(n):
                 self._spawn(f"{stage}-{i}", stage)
 
@@ -248,6 +255,8 @@ def _crawl(settings: Settings, seeds: list[str], plan: Plan, console: Console,
         report = publish(seeds, settings)
         for line, reason in report.errors:
             console.print(f"seed line {line}: {reason}", style="yellow", markup=False)
+        if report.profile_warning():
+            console.print(f"seeds: {report.profile_warning()}", style="yellow", markup=False)
         drained = _watch(settings, fleet, console, timeout_s, started)
         elapsed = time.monotonic() - started
         return _summarise(settings, report, start_wall, elapsed, drained, fleet,
@@ -343,10 +352,17 @@ def wait_ready(settings: Settings, fleet: Fleet, timeout_s: float = 60.0) -> boo
             seen, since = marks, now
         elif now - since >= READY_QUIET_S:
             return True
-        if now > deadline:
-            return False
+        if now > deadline or refusals(read_statuses(settings.status_dir)):
+            return False  # a refused worker joins nothing until approved: _watch says so
         fleet.heal()
         time.sleep(READY_TICK_S)
+
+
+def refusals(statuses: list[dict[str, Any]]) -> list[str]:
+    """What workers refusing to consume say (their version tuple is not approved): they
+    stay up and idle, so the fleet never restarts them; the crawl shows why it waits."""
+    return sorted({f"{st.get('stage')} {st.get('worker')}: {st['waiting']}" for st in statuses
+                   if str(st.get("waiting", "")).startswith("refused: ")})
 
 
 #: How often wait_ready looks again, and how long the members' reports must stay settled
@@ -431,7 +447,7 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
                         held, held_note = read_held_work(settings), ""
                     except InfraError as exc:
                         held, held_note = None, f"changelogs unreadable: {exc}"
-                notes = list(stalled.values())
+                notes = list(stalled.values()) + refusals(statuses)
                 if held is not None and not held.empty:
                     notes.append(f"not drained, the broker holds: {held.describe()}")
                 elif held_note:
@@ -461,6 +477,8 @@ def _calm(statuses: list[dict[str, Any]], lags: dict[str, int], fleet: Fleet,
     Necessary, not sufficient: ``_watch`` also requires the parked and timer changelogs
     empty and settled on the broker (:func:`crawlfleet.health.read_held_work`)."""
     expected = sum(fleet.plan.counts().values())
+    # Analytics (the quarantine app) is never waited on: its lag is no work of the crawl.
+    statuses = [s for s in statuses if s.get("stage") not in analytics_stages()]
     if len(statuses) < expected:
         return False
     for s in statuses:

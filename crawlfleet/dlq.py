@@ -16,9 +16,9 @@ from typing import Any
 
 from core.config import Settings
 from core.errors import ConfigError
-from core.urls import dedupe_key
 from infra.store_query import run_query
 from infra.views import parse_duration
+from producers.lineage import page_key
 from producers.replay import ReplayReport, publish_replays, replay_id, replay_job
 from schemas.records import CrawlJob
 
@@ -118,10 +118,11 @@ def job_of(row: dict[str, Any]) -> CrawlJob:
     rebuilt from url, target and profile."""
     if row.get("job"):
         job: CrawlJob = json.loads(row["job"])  # as the store wrote it: a decoded CrawlJob
+        job.setdefault("pinned", True)  # stored before schema v3: pinned in effect
         return job
     return {"url": row["url"], "target": row["target"], "profile": row["profile"],
             "depth": 0, "attempt": 0, "parent_url": None, "last_error": None,
-            "priority": 0, "meta": {}, "delay_ms": 0}
+            "priority": 0, "meta": {}, "delay_ms": 0, "pinned": True}
 
 
 def plan_replay(rows: list[dict[str, Any]]) -> ReplayPlan:
@@ -133,7 +134,7 @@ def plan_replay(rows: list[dict[str, Any]]) -> ReplayPlan:
         if not row.get("url"):
             plan.unreplayable += 1
             continue
-        key = dedupe_key(row["profile"], row["url"])
+        key = page_key(job_of(row))  # by job type: an unpinned page is one, whatever profile
         if key in newest:
             plan.superseded += 1
         newest[key] = row

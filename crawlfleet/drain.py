@@ -20,7 +20,7 @@ from core.errors import InfraError
 from crawlfleet.crawl import IDLE_S, Fleet
 from infra.lag import LagProbe
 from infra.live_state import LiveEntries, live_entries
-from schemas.topics import Topology, stage_spec, stages
+from schemas.topics import Topology, analytics_stages, stage_spec, stages
 from streams.status import holds_work
 
 
@@ -125,6 +125,9 @@ class DrainCheck:
             self.why = f"exited, restarting: {dead}"
             return False
         lags = self.probe.stage_lags(self.topo)
+        # The quarantine app (analytics, at least once) is never waited on: its lag and
+        # gauges are no work of the crawl (stage_lags covers the pipeline's stages only).
+        statuses = [st for st in statuses if st.get("stage") not in analytics_stages()]
         busy = unsettled_gauges(statuses, lags, sum(self.fleet.plan.counts().values()))
         self.silent = silent_workers(statuses)
         self.stuck = stuck_workers(statuses, lags, self.silent)

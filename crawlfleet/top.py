@@ -36,8 +36,9 @@ from infra.lag import LagProbe
 from infra.store_query import run_query
 from infra.topics import topology_of
 from schemas.codec import default_codec
+from schemas.topics import analytics_stages
 from schemas.topics import stages as topology_stages
-from streams.control import ControlReader
+from streams.control import ControlReader, Quarantine
 from streams.status import read_statuses
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -82,6 +83,14 @@ class Snapshot:
     dead: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     held: HeldWork | None = None  # live parked jobs and timers, from the broker
+    #: Quarantines in force (crawl.control), as the quarantine app issued them.
+    quarantines: list[Quarantine] = field(default_factory=list)
+
+
+def shown_stages() -> tuple[str, ...]:
+    """The pipeline's stages, then the analytics ones (the quarantine app: shown, its lag
+    is analytics -- a transaction marker after its last event may show as 1)."""
+    return (*topology_stages(), *analytics_stages())
 
 
 class FleetView:
@@ -94,7 +103,7 @@ class FleetView:
         self.admin = AdminClient(settings.kafka_common())
         self.control = ControlReader(settings, self.topo.control, default_codec())
         self.history: dict[str, deque[int]] = {st: deque(maxlen=HISTORY)
-                                               for st in topology_stages()}
+                                               for st in shown_stages()}
         self._consumed: dict[str, tuple[float, int]] = {}
         self._held: HeldWork | None = None
         self._held_at = -HELD_EVERY_S
@@ -105,7 +114,7 @@ class FleetView:
         self.control.catch_up(5.0)
         stages: dict[str, StageView] = {}
         members = self._members(notes)
-        for stage in topology_stages():
+        for stage in shown_stages():
             pos = self.probe.positions(self.topo.group(stage), self.topo.inputs(stage),
                                        self.topo.partitions)
             if pos is None:
@@ -126,7 +135,8 @@ class FleetView:
             stages[stage].stalled = why
         state = self.control.state
         snap = Snapshot(time.time(), stages, state.paused, sorted(state.paused_targets),
-                        dict(state.caps), notes=notes, held=self._held_work(now, notes))
+                        dict(state.caps), notes=notes, held=self._held_work(now, notes),
+                        quarantines=active_quarantines(state.quarantines.values()))
         self._from_store(snap)
         return snap
 
@@ -142,7 +152,7 @@ class FleetView:
         return self._held
 
     def _members(self, notes: list[str]) -> dict[str, list[str]]:
-        groups = {self.topo.group(st): st for st in topology_stages()}
+        groups = {self.topo.group(st): st for st in shown_stages()}
         out: dict[str, list[str]] = {}
         try:
             futures = self.admin.describe_consumer_groups(list(groups), request_timeout=5)
@@ -196,7 +206,7 @@ def fleet_state(snap: Snapshot) -> str:
     has a live member), partly running (some stage has none), or running."""
     if snap.paused:
         return "paused"
-    staffed = [bool(v.members) for v in snap.stages.values()]
+    staffed = [bool(v.members) for st, v in snap.stages.items() if st in topology_stages()]
     if not any(staffed):
         return "no workers"
     everyone = all(staffed) and len(staffed) == len(topology_stages())
@@ -217,7 +227,7 @@ def render(snap: Snapshot) -> RenderableType:
     st = Table(title="stages", title_justify="left")
     for col in ("stage", "lag", "trend", "records/s", "workers", "state"):
         st.add_column(col, justify="right" if col in ("lag", "records/s") else "left")
-    for name in topology_stages():
+    for name in shown_stages():
         v = snap.stages.get(name)
         if v is None:
             st.add_row(name, "?", "", "", "", "")
@@ -249,9 +259,31 @@ def render(snap: Snapshot) -> RenderableType:
         parts.append(tt)
     dead = ", ".join(f"{r} {n}" for r, n in snap.dead.items()) or "none"
     parts.append(Text(f"dead letters (last {RECENT_S // 60} min): {dead}"))
+    parts.append(quarantine_table(snap.quarantines))
     paused = ", ".join(snap.paused_targets) or "none"
     caps = ", ".join(f"{t}={c:g}/s" for t, c in sorted(snap.caps.items())) or "none"
     parts.append(Text(f"paused targets: {paused}   live caps: {caps}"))
     for note in snap.notes:
         parts.append(Text(f"note: {note}", style="yellow"))
     return Group(*parts)
+
+
+def active_quarantines(found: Any, now_ms: int | None = None) -> list[Quarantine]:
+    """The quarantines of ``found`` still in force, targets first, then by scope."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    order = {"target": 0, "profile": 1, "egress": 2}
+    return sorted((q for q in found if q.active(now)),
+                  key=lambda q: (q.target, order.get(q.scope, 3), q.name))
+
+
+def quarantine_table(quarantines: list[Quarantine]) -> RenderableType:
+    """Active quarantines (``crawlfleet unquarantine`` lifts one)."""
+    if not quarantines:
+        return Text("active quarantines: none")
+    qt = Table(title=f"active quarantines ({len(quarantines)})", title_justify="left")
+    for col in ("scope", "target", "name", "until", "reason"):
+        qt.add_column(col)
+    for q in quarantines:
+        qt.add_row(q.scope, Text(q.target), Text(q.name or "-"), clock_utc(q.until_ms / 1000),
+                   Text(q.reason))
+    return qt

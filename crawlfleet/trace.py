@@ -65,11 +65,13 @@ def _rows(settings: Settings, head: str, where: str, **values: str) -> list[dict
 
 
 def events_of(settings: Settings, url: str, profile: str) -> list[Event]:
-    """Every recorded event of one page (profile + canonical URL), unordered."""
-    key = dedupe_key(profile, url)
+    """Every recorded event of one page (profile + canonical URL), unordered: the page's
+    key pinned to ``profile`` and, for a job published unpinned, its profile-free key."""
+    key, loose = dedupe_key(profile, url), dedupe_key(profile, url, pinned=False)
     out: list[Event] = []
     for r in _rows(settings, "SELECT ts, state, attempt, parent_url, detail, stage, worker, "
-                   "version FROM lineage_v", "dedupe_key = {key}", key=key):
+                   "version FROM lineage_v", "dedupe_key IN ({key}, {loose})", key=key,
+                   loose=loose):
         detail = r["detail"] + (f" from {r['parent_url']}" if r["parent_url"] else "")
         out.append(Event(_time(r["ts"]), url, r["state"], r["attempt"], None,
                          f"{r['stage']}: {detail}".rstrip(": "), r["worker"], r["version"]))
@@ -82,7 +84,7 @@ def events_of(settings: Settings, url: str, profile: str) -> list[Event]:
                          r["attempt"], r["status"], detail, r["worker"], version))
     for r in _rows(settings, "SELECT status, title, length(links) AS links, fetch_worker, "
                    "parse_worker, fetched_at, parsed_at, stored_at FROM pages_v",
-                   "dedupe_key = {key}", key=key):
+                   "dedupe_key IN ({key}, {loose})", key=key, loose=loose):
         parsed = _time(r["parsed_at"])
         if parsed.year < 2000:  # stored before pages had parsed_at
             parsed = _time(r["fetched_at"])

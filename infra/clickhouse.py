@@ -63,7 +63,8 @@ READER_WAIT_S = 30.0
 
 PAGE_COLUMNS = ("dedupe_key", "url", "final_url", "target", "profile", "depth", "status",
                 "content_type", "title", "text", "links", "body_bytes", "fetched_at",
-                "fetch_worker", "parse_worker", "parsed_at")
+                "fetch_worker", "parse_worker", "parsed_at", "profile_bundle_version",
+                "http_version", "tls_version", "code_revision")
 EVENT_COLUMNS = ("event_id", "ts", "url", "target", "profile", "attempt", "status", "outcome",
                  "reason", "elapsed_ms", "bytes", "worker", "fetcher_version", "http_version",
                  "tls_version", "profile_bundle_version", "code_revision")

@@ -177,7 +177,7 @@ def _await_metadata(admin: AdminClient, pending: Callable[[dict[str, Any]], list
 
 
 def delete_topics(settings: Settings, stages: tuple[str, ...] = ("fetch", "parse", "store",
-                                                                  "retry"),
+                                                                  "retry", "quarantine"),
                   timeout_s: float = 30.0, *,
                   topics: Collection[str] | None = None) -> list[str]:
     """Delete the topology's topics (or only ``topics``) and ``stages``' groups (best effort).

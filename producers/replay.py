@@ -29,10 +29,9 @@ from confluent_kafka import KafkaException, Producer
 
 from core.config import Settings
 from core.errors import KafkaStageError
-from core.urls import dedupe_key
 from infra.topics import topology_of
 from producers.frontier import produce_patiently
-from producers.lineage import ENQUEUED, lineage_event
+from producers.lineage import ENQUEUED, lineage_event, page_key
 from schemas.records import CrawlJob
 from streams.backpressure import FrontierGate
 from streams.io import Encoder, producer_conf
@@ -49,11 +48,12 @@ def replay_id(dead_letter_id: str) -> str:
 
 
 def job_dedupe_key(job: CrawlJob) -> str:
-    """The key the fetch stage dedupes ``job`` on: the page's, or the page's + replay id.
+    """The key the fetch stage dedupes ``job`` on: the page's (:func:`page_key`, by job
+    type: pinned ``profile|URL``, unpinned ``*|URL``), or the page's + replay id.
 
     Canonical URLs hold no space, so the suffix can never make another page's key.
     """
-    key = dedupe_key(job["profile"], job["url"])
+    key = page_key(job)
     rid = (job.get("meta") or {}).get(REPLAY_META)
     return f"{key} replay:{rid}" if rid else key
 

@@ -51,6 +51,10 @@ class Codec:
     def __init__(self, schema_dir: Path = SCHEMA_DIR) -> None:
         self._by_fp: dict[str, SchemaVersion] = {}
         self._latest: dict[str, SchemaVersion] = {}
+        #: Writer schemas of records embedding an older version of a base record (a
+        #: FetchResult whose job is a v2 CrawlJob): decodable, never written, not versions.
+        self._embedding_old: dict[str, SchemaVersion] = {}
+        bases: list[SchemaVersion] = []
         for path in sorted(schema_dir.glob("*.avsc"), key=_load_order):
             m = _FILE_RE.match(path.name)
             if not m:
@@ -60,6 +64,14 @@ class Codec:
             cur = self._latest.get(sv.record)
             if cur is None or sv.version > cur.version:
                 self._latest[sv.record] = sv
+            if m["name"] in _BASE_FIRST:
+                bases.append(sv)
+                continue
+            for old in bases:  # so records in flight across a base record's upgrade decode
+                if old is not self._latest[old.record]:
+                    variant = _load(path, m["name"], int(m["version"]), self._latest, old)
+                    if variant.fingerprint != sv.fingerprint:
+                        self._embedding_old[variant.fingerprint] = variant
 
     def latest(self, record: str) -> SchemaVersion:
         return self._latest[_full(record)]
@@ -87,7 +99,7 @@ class Codec:
         fp = _header(headers, HEADER_SCHEMA)
         if fp is None:
             raise DecodeError(f"{record}: missing {HEADER_SCHEMA} header")
-        writer = self._by_fp.get(fp)
+        writer = self._by_fp.get(fp) or self._embedding_old.get(fp)
         if writer is None:
             raise DecodeError(f"{record}: unknown writer schema fingerprint {fp}")
         reader = self.latest(record)
@@ -113,10 +125,13 @@ class Codec:
         return cast(R, self.decode(kind.__name__, payload, headers))
 
 
-def _load(path: Path, name: str, version: int, latest: dict[str, SchemaVersion]) -> SchemaVersion:
+def _load(path: Path, name: str, version: int, latest: dict[str, SchemaVersion],
+          base: SchemaVersion | None = None) -> SchemaVersion:
     raw = json.loads(path.read_text())
     named: dict[str, Any] = {}
-    for sv in latest.values():  # make referenced records (the newest of each) resolvable
+    # Make referenced records (the newest of each, or the given ``base`` version) resolvable;
+    # ``base`` goes last, as a record embedding the newest would define it again.
+    for sv in [*latest.values(), *([base] if base else [])]:
         fastavro.parse_schema(sv.parsed, named_schemas=named)
     parsed = fastavro.parse_schema(raw, named_schemas=named)
     # Fingerprint the expanded schema: with referenced records (CrawlJob) left as bare names,

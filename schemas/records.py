@@ -29,6 +29,8 @@ class CrawlJob(TypedDict):
     priority: int
     meta: dict[str, str]
     delay_ms: int
+    #: v3: only ever sent as ``profile``; False = placeable, deduped without the profile.
+    pinned: bool
 
 
 class FetchResult(TypedDict):
@@ -41,6 +43,11 @@ class FetchResult(TypedDict):
     elapsed_ms: int
     redirects: list[str]
     worker: str
+    #: v2: the version tuple of the worker that fetched it (see core.versions).
+    profile_bundle_version: str
+    http_version: str
+    tls_version: str
+    code_revision: str
 
 
 class ParsedPage(TypedDict):
@@ -60,6 +67,11 @@ class ParsedPage(TypedDict):
     fetch_worker: str
     parse_worker: str
     parsed_at_ms: TimestampMs
+    #: v3: the version tuple of the worker that fetched the page.
+    profile_bundle_version: str
+    http_version: str
+    tls_version: str
+    code_revision: str
 
 
 class DeadLetter(TypedDict):
@@ -105,6 +117,9 @@ class FetchEvent(TypedDict):
     profile_bundle_version: str
     code_revision: str
     ts_ms: TimestampMs
+    #: v2: the attempt's own id (the quarantine app counts distinct ids) and its egress.
+    event_id: str
+    egress: str
 
 
 class LineageEvent(TypedDict):
@@ -122,6 +137,31 @@ class LineageEvent(TypedDict):
     ts_ms: TimestampMs
 
 
+class QuarantineEvent(TypedDict):
+    """One quarantine the quarantine app issued (``crawl.quarantines``)."""
+
+    scope: str
+    target: str
+    name: str
+    reason: str
+    at_ms: TimestampMs
+    until_ms: TimestampMs
+    second_order: bool
+    blocks: int
+    event_id: str
+    app: str
+
+
+class QuarantineCounts(TypedDict):
+    """The quarantine app's state of one target (its table's changelog value)."""
+
+    target: str
+    windows: dict[str, dict[str, int]]
+    since: dict[str, int]
+    quarantines: dict[str, list[int]]
+
+
 #: Every record type by its Avro name (as the topology names them).
 RECORDS: dict[str, type] = {c.__name__: c for c in (
-    CrawlJob, FetchResult, ParsedPage, DeadLetter, Seen, Control, FetchEvent, LineageEvent)}
+    CrawlJob, FetchResult, ParsedPage, DeadLetter, Seen, Control, FetchEvent, LineageEvent,
+    QuarantineEvent, QuarantineCounts)}

@@ -21,6 +21,14 @@ RETRY_DELAYS_S: tuple[int, ...] = (2, 15, 120)
 #: The pipeline's own consumer-group stages, in a job's order through it (stages a user
 #: declares with :func:`register_stage` come after these: :func:`stages`).
 STAGES: tuple[str, ...] = ("fetch", "parse", "store", "retry")
+#: Analytics stages: apps that read the pipeline's records at least once and only issue
+#: control records (the faust-streaming quarantine app). ``crawl`` starts them and ``top``
+#: shows them, but the drain check never waits on them and chaos leaves them alone: their
+#: lag is analytics, not work (:func:`analytics_stages`).
+ANALYTICS: tuple[str, ...] = ("quarantine",)
+#: The quarantine app's faust table (one state record per target, see
+#: ``streams.quarantine_rules``); faust names its changelog ``{app id}-{table}-changelog``.
+QUARANTINE_TABLE = "counts"
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,8 @@ class StageSpec:
     state_topics: tuple[str, ...] = ()
     label: str = ""
     stores: tuple[str, ...] = ()
+    #: At-least-once analytics (its lag is not work): see :data:`ANALYTICS`.
+    analytics: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,12 +77,16 @@ _BUILTIN: dict[str, StageSpec] = {
     "parse": StageSpec("parse", ("crawl.fetched",), "consumers.parse:ParseStage",
                        label="fetched→parse"),
     "store": StageSpec("store", ("crawl.parsed", "crawl.telemetry", "crawl.dead",
-                                 "crawl.lineage"), "consumers.store:StoreStage",
+                                 "crawl.lineage", "crawl.quarantines"),
+                       "consumers.store:StoreStage",
                        label="parsed→store"),
     "retry": StageSpec("retry", tuple(f"crawl.retry.{d}s" for d in RETRY_DELAYS_S),
                        "consumers.retry:RetryStage",
                        followers=tuple(f"crawl.retry.{d}s" for d in RETRY_DELAYS_S[1:]),
                        state_topics=("crawl.timers",), label="retry", stores=("timers",)),
+    "quarantine": StageSpec("quarantine", ("crawl.telemetry",),
+                            "streams.quarantine:QuarantineWorker",
+                            label="telemetry→quarantine", analytics=True),
 }
 _REGISTERED: dict[str, StageSpec] = {}
 _TOPICS: dict[str, TopicDecl] = {}
@@ -119,6 +133,11 @@ def declared_modules() -> tuple[str, ...]:
 def stages() -> tuple[str, ...]:
     """Every stage of the pipeline: its own four, then those registered, in that order."""
     return (*STAGES, *_REGISTERED)
+
+
+def analytics_stages() -> tuple[str, ...]:
+    """The analytics stages (:data:`ANALYTICS`): run and shown, never waited on."""
+    return ANALYTICS
 
 
 def stage_spec(stage: str) -> StageSpec:
@@ -188,6 +207,21 @@ class Topology:
     @property
     def telemetry(self) -> str:
         return f"{self.prefix}crawl.telemetry"
+
+    @property
+    def quarantines(self) -> str:
+        """Every quarantine the quarantine app issued, for the store (``quarantines``)."""
+        return f"{self.prefix}crawl.quarantines"
+
+    @property
+    def quarantine_app(self) -> str:
+        """The quarantine app's faust id, which is also its consumer group."""
+        return self.group("quarantine")
+
+    @property
+    def quarantine_changelog(self) -> str:
+        """Changelog of the quarantine app's table, as faust names it."""
+        return f"{self.quarantine_app}-{QUARANTINE_TABLE}-changelog"
 
     @property
     def lineage(self) -> str:
@@ -270,6 +304,11 @@ class Topology:
             t(self.control, "Control", {"cleanup.policy": "compact"}, by_target=False, parts=1),
             t(self.telemetry, "FetchEvent", {"cleanup.policy": "delete", "retention.ms": week}),
             t(self.lineage, "LineageEvent", {"cleanup.policy": "delete", "retention.ms": week}),
+            t(self.quarantines, "QuarantineEvent", {"cleanup.policy": "delete",
+                                                    "retention.ms": str(30 * DAY_MS)}),
+            # The quarantine app's table: one record per target, compacted (faust writes
+            # each partition's entries to the telemetry partition of their target).
+            t(self.quarantine_changelog, "QuarantineCounts", {"cleanup.policy": "compact"}),
         ]
         # Retry tiers use the broker's clock for the record timestamp: the delay is measured
         # from when the broker appended the record, never from a worker's clock.

@@ -15,7 +15,11 @@ overlap. This module is that thread's side of a session:
   expired) poisons the ledger, commits nothing and ends the session;
 - a commit takes what the ledger hands out and commits it with the stage's extra outputs;
   a failed one commits nothing more (the session ends and the next restores);
-- the inputs pause while the stage is full or the fleet is paused.
+- the inputs pause while the stage is full or the fleet is paused;
+- a worker whose version tuple is not in the approved set (read from the same control
+  reader) takes no work: at start it joins no group, and once its tuple is revoked it
+  polls nothing more and ends the session as a graceful stop does (finished work
+  committed, the consumer closed); the stage then leaves the group at once.
 
 What is the stage's own (its stores, what a restore brought, what a commit applies) it
 answers through :class:`SessionLogic`.
@@ -35,6 +39,7 @@ from confluent_kafka.admin import AdminClient
 
 from core.config import Settings
 from core.errors import CrawlfleetError
+from core.versions import NotApprovedError, refusal, worker_tuple
 from schemas.topics import Topology
 from streams.committer import TxnCommitter, on_kafka_thread
 from streams.control import ControlReader, ControlState
@@ -122,6 +127,8 @@ class AsyncSession:
         self.paused = False  # the stage is full: its partitions are paused
         self.control_paused = False  # a person paused the fleet
         self.members_stale = False
+        self.version = worker_tuple(settings)
+        self.leaving = False  # the tuple was revoked: end the session as a graceful stop
 
     # --- the event loop's calls -----------------------------------------------------------
 
@@ -166,6 +173,9 @@ class AsyncSession:
             self.status.add("control_catch_up_failures")
             time.sleep(CONTROL_RETRY_S)  # a missing topic fails at once: do not spin
         self.control_paused = self.control.state.paused
+        why = refusal(self.control.state.approved, self.version)
+        if why is not None:  # approved a moment ago, revoked since: join nothing
+            raise NotApprovedError(why)
         self.logic.control_changed(self.control.state)
         self.consumer = Consumer(consumer_conf(self.s, group, self.worker))
         self.membership.subscribe(self.consumer, self._on_assign, self._on_revoke,
@@ -265,6 +275,15 @@ class AsyncSession:
     def _poll(self, timeout: float) -> list[Message]:
         assert self.consumer is not None and self.control is not None
         changed = self.control.poll(0)
+        if changed and not self.leaving:
+            why = refusal(self.control.state.approved, self.version)
+            if why is not None:
+                # Nothing more is polled: every record returned so far is admitted, so
+                # the final commit's positions lose none.
+                self.leaving = True
+                self.broken = NotApprovedError(why)
+        if self.leaving:
+            return []
         for done in self.restores.finished():
             self._restored(done)
         if self.members_stale:
@@ -287,7 +306,7 @@ class AsyncSession:
 
     def _teardown(self) -> None:
         if self.consumer is not None:
-            if self.stop.requested and self.committer is not None:
+            if (self.stop.requested or self.leaving) and self.committer is not None:
                 try:
                     self._commit()  # graceful stop: finished work is not redone
                 except CrawlfleetError as exc:

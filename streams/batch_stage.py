@@ -104,6 +104,7 @@ class BatchStage(Stage):
                                   report=self.status)
         try:
             while not self.stop.requested:
+                self.approval.check()  # revoked: leave between transactions
                 self._resume_due(consumer)
                 self._revoked.clear()
                 msgs = self._gather(consumer)

@@ -1,6 +1,7 @@
 """The fleet's control topic, ``crawl.control``: what people publish, what workers read.
 
-Keys name a setting (``pause:*``, ``pause:target:T``, ``cap:T``, ``quarantine:SCOPE:T|NAME``);
+Keys name a setting (``pause:*``, ``pause:target:T``, ``cap:T``, ``quarantine:SCOPE:T|NAME``,
+``approved:TUPLE``);
 a tombstone removes it, so compaction keeps exactly the settings in force. Every fetch worker
 reads the whole topic (no consumer group, from the beginning), so a person's ``crawlfleet
 pause`` reaches all workers within one poll. Fetch workers also report their parked backlog
@@ -44,6 +45,15 @@ def cap_key(target: str) -> str:
 
 def backlog_key(partition: int) -> str:
     return f"{BACKLOG_PREFIX}p{partition}"
+
+
+#: Keys of the approved set: one per approved version tuple (its canonical string); a
+#: tombstone revokes it. An empty set enforces nothing.
+APPROVED_PREFIX = "approved:"
+
+
+def approved_key(version_tuple: str) -> str:
+    return f"{APPROVED_PREFIX}{version_tuple}"
 
 
 QUARANTINE_PREFIX = "quarantine:"
@@ -103,6 +113,7 @@ class ControlState:
     caps: dict[str, float] = field(default_factory=dict)
     backlog: dict[str, int] = field(default_factory=dict)  # parked jobs per partition
     quarantines: dict[str, Quarantine] = field(default_factory=dict)  # by control key
+    approved: set[str] = field(default_factory=set)  # version tuples (canonical strings)
     version: int = 0  # bumped on every change of a setting, so readers can notice cheaply
 
     @property
@@ -132,6 +143,12 @@ class ControlState:
                 self.quarantines[key] = q
             else:
                 self.quarantines.pop(key, None)
+        elif key.startswith(APPROVED_PREFIX):
+            tuple_text = key[len(APPROVED_PREFIX):]
+            if value is not None and value.get("kind") == "approved":
+                self.approved.add(tuple_text)
+            else:
+                self.approved.discard(tuple_text)
         elif key.startswith("cap:"):
             target = key[len("cap:"):]
             cap = value.get("value") if value is not None else None

@@ -60,6 +60,9 @@ GAUGES: dict[str, tuple[str, str]] = {
                       "dying predecessor, or its server not up); it starts once it can."),
     "store_waiting_s": ("crawlfleet_store_waiting_seconds",
                         "Seconds the store worker has waited for its store so far."),
+    "refused": ("crawlfleet_refused",
+                "1 while the worker refuses to consume: its version tuple is not in the "
+                "fleet's approved set (crawlfleet approved)."),
     "kafka_waiting": ("crawlfleet_kafka_waiting",
                       "1 while the worker waits for its Kafka brokers to answer."),
     "kafka_waiting_s": ("crawlfleet_kafka_waiting_seconds",

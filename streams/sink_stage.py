@@ -62,6 +62,7 @@ class SinkStage(Stage):
                                                          report=self.status)
         try:
             while not self.stop.requested:
+                self.approval.check()  # revoked: leave between writes, all committed
                 batch = self._collect(consumer)
                 if self._revoked:
                     # Moved while collecting (only those partitions: rebalances are

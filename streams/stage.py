@@ -6,7 +6,9 @@ and its record encoder, and one loop that runs sessions until stopped. A session
 membership of the group: consumer, producer and in-memory state, all dropped together when
 it ends badly (fenced, an aborted or unknown commit, a fatal consumer error): the next
 session reads its state and offsets from what is committed, so nothing of the failed work
-is committed later. What a session does is the runtime's flavour, in its own module:
+is committed later. No session starts, and a running one ends, while the worker's version
+tuple is outside a non-empty approved set (:mod:`streams.approval`). What a session does is
+the runtime's flavour, in its own module:
 
 - :mod:`streams.batch_stage` — a synchronous transform, one transaction per poll batch
   (parse, retry);
@@ -18,13 +20,17 @@ is committed later. What a session does is the runtime's flavour, in its own mod
 from __future__ import annotations
 
 import logging
+import time
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
 from core.config import Settings
 from core.errors import KafkaStageError
+from core.versions import NotApprovedError
 from infra.topics import topology_of
 from schemas.codec import Codec
+from streams.approval import ApprovalGate
+from streams.group_leave import leave_group
 from streams.io import Encoder, FencedError
 from streams.status import PollGaps, StatusFile
 from streams.worker import REJOIN_PAUSE_S, StopFlag, wait_for_kafka, worker_name
@@ -46,6 +52,9 @@ class Stage(ABC):
         self.encoder = Encoder(self.topology, self.worker, codec)
         self.status = StatusFile(settings.status_dir, self.stage, self.worker)
         self.poll_gaps = PollGaps(self.status)
+        #: The approved set of version tuples, enforced before and during every session.
+        self.approval = ApprovalGate(settings, self.topology.control, self.encoder.codec,
+                                     self.status, f"{self.stage} {self.worker}")
 
     @property
     def s(self) -> Settings:
@@ -56,6 +65,7 @@ class Stage(ABC):
         try:
             self.serve()
         finally:
+            self.approval.close()
             self.status.remove()
 
     def serve(self) -> None:
@@ -66,10 +76,22 @@ class Stage(ABC):
     def rejoining(self) -> None:
         """Run :meth:`session` until stopped; after one that lost its standing, pause and
         wait for the broker, then join again (within the session timeout, so static
-        membership keeps the partitions)."""
+        membership keeps the partitions). No session starts while the worker's version
+        tuple is not approved; one whose tuple is revoked ends, leaves its group at once
+        and waits for an approval."""
         while not self.stop.requested:
+            if not self.approval.wait_approved(self.stop):
+                return
             try:
                 self.session()
+            except NotApprovedError as exc:
+                began = time.monotonic()
+                left = leave_group(self.settings, self.topology.group(self.stage),
+                                   self.worker)
+                log.warning("%s %s left its group%s: %s", self.stage, self.worker,
+                            f" ({time.monotonic() - began:.2f} s)" if left
+                            else " (its partitions move after the session timeout)", exc)
+                self.status.add("left_unapproved")
             except (FencedError, KafkaStageError) as exc:
                 log.warning("%s %s lost its session, dropping its work and rejoining: %s",
                             self.stage, self.worker, exc)

@@ -80,6 +80,9 @@ class StatusFile:
         #: What the worker waits for before it can work ("" = nothing): its broker, its
         #: store. Shown by ``crawl``, ``top`` and ``doctor``.
         self.waiting = ""
+        #: Short facts a person needs next to the figures, by name (e.g. the targets a
+        #: quarantine holds and why); written as they are.
+        self.notes: dict[str, Any] = {}
         self._last_write = 0.0
         self._last_activity = time.monotonic()
 
@@ -114,7 +117,7 @@ class StatusFile:
                 "idle_s": round(now - self._last_activity, 3), "wall": time.time(),
                 "metrics_port": self.metrics.port, "waiting": self.waiting,
                 "assignment": [list(tp) for tp in self.assignment],
-                "rebalances": self.rebalances}
+                "rebalances": self.rebalances, "notes": self.notes}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(self.path)

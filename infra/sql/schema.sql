@@ -17,7 +17,12 @@ CREATE TABLE IF NOT EXISTS pages (
     fetch_worker   LowCardinality(String),
     parse_worker   LowCardinality(String),
     stored_at      DateTime64(3, 'UTC') DEFAULT now64(3),
-    parsed_at      DateTime64(3, 'UTC') DEFAULT 0
+    parsed_at      DateTime64(3, 'UTC') DEFAULT 0,
+    -- the version tuple of the worker that fetched the page (core/versions.py)
+    profile_bundle_version LowCardinality(String) DEFAULT '',
+    http_version           LowCardinality(String) DEFAULT '',
+    tls_version            LowCardinality(String) DEFAULT '',
+    code_revision          LowCardinality(String) DEFAULT ''
 ) ENGINE = ReplacingMergeTree(fetched_at)
 ORDER BY dedupe_key
 SETTINGS non_replicated_deduplication_window = 10000;
@@ -84,6 +89,11 @@ SETTINGS non_replicated_deduplication_window = 10000;
 -- raw: the undecodable record's bytes as hex, whole.
 ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS job String DEFAULT '';
 ALTER TABLE pages ADD COLUMN IF NOT EXISTS parsed_at DateTime64(3, 'UTC') DEFAULT 0;
+-- pages: the fetching worker's version tuple (rows stored before read as '').
+ALTER TABLE pages ADD COLUMN IF NOT EXISTS profile_bundle_version LowCardinality(String) DEFAULT '';
+ALTER TABLE pages ADD COLUMN IF NOT EXISTS http_version LowCardinality(String) DEFAULT '';
+ALTER TABLE pages ADD COLUMN IF NOT EXISTS tls_version LowCardinality(String) DEFAULT '';
+ALTER TABLE pages ADD COLUMN IF NOT EXISTS code_revision LowCardinality(String) DEFAULT '';
 
 -- Lineage: the job states no other table records (enqueued, duplicate, parked, released),
 -- from crawl.lineage, keyed by the job's dedupe key. `crawlfleet trace` joins them with
@@ -106,9 +116,30 @@ CREATE TABLE IF NOT EXISTS lineage (
 ORDER BY (dedupe_key, event_id)
 SETTINGS non_replicated_deduplication_window = 10000;
 
+-- Quarantines the quarantine app issued (crawl.quarantines): one row per (target, scope,
+-- name, at), where ``at`` is the event time of the block that triggered it, so the same
+-- quarantine issued again by a replay (at-least-once) collapses. second_order: issued within
+-- the window after a neighbour of the same kind on the same target was (a cascade).
+CREATE TABLE IF NOT EXISTS quarantines (
+    target         LowCardinality(String),
+    scope          LowCardinality(String),
+    name           LowCardinality(String),
+    reason         String,
+    at             DateTime64(3, 'UTC'),
+    until          DateTime64(3, 'UTC'),
+    second_order   UInt8,
+    blocks         UInt16,
+    event_id       String,
+    app            LowCardinality(String),
+    source         String
+) ENGINE = ReplacingMergeTree
+ORDER BY (target, scope, name, at)
+SETTINGS non_replicated_deduplication_window = 10000;
+
 -- Replaced on every start: a view's * is expanded when it is made, so a view made before a
 -- column was added would not show it.
 CREATE OR REPLACE VIEW pages_v AS SELECT * FROM pages FINAL;
 CREATE OR REPLACE VIEW fetch_events_v AS SELECT * FROM fetch_events FINAL;
 CREATE OR REPLACE VIEW dead_letters_v AS SELECT * FROM dead_letters FINAL;
 CREATE OR REPLACE VIEW lineage_v AS SELECT * FROM lineage FINAL;
+CREATE OR REPLACE VIEW quarantines_v AS SELECT * FROM quarantines FINAL;

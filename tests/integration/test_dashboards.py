@@ -81,6 +81,10 @@ def test_views_and_grafana_panels_on_a_crawl(settings: Settings,
     assert worker["requests"] == sum(r["requests"] for r in health.values())
     assert worker["success_rate"] == round(2 * N / worker["requests"], 4)
     assert sum(r["ok"] for r in got["version_success"]) == 2 * N
+    (version,) = got["version_success"]  # one fetch worker: one tuple, every failure its own
+    assert version["share_of_failures"] == 1.0 and version["failed"] == worker["requests"] - 2 * N
+    (paged,) = got["version_pages"]  # the pages carry the same tuple as the requests
+    assert paged["version_tuple"] == version["version_tuple"] and paged["pages"] == 3 * N + NB
 
     # The shipped Grafana dashboard: one panel per view, the same query text, and each
     # panel's query runs (macros expanded as the data source plugin does).

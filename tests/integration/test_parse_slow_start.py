@@ -10,9 +10,9 @@ from confluent_kafka import Producer
 
 from consumers.parse import ParseStage
 from core.config import Settings
-from core.urls import dedupe_key
 from infra.topics import topology_of
 from producers.frontier import parse_line
+from producers.lineage import page_key
 from streams.io import Encoder, producer_conf
 from streams.slow_start import SlowStart
 from streams.worker import StopFlag
@@ -48,7 +48,7 @@ def _publish_results(settings: Settings) -> set[str]:
         job = parse_line(f"http://127.0.0.{2 + k % 4}:8080/p/{k}.html", settings)
         assert job is not None
         url = job["url"]
-        key = dedupe_key(job["profile"], url)
+        key = page_key(job)
         body = f"<html><title>p{k}</title><body>page {k}</body></html>".encode()
         out = enc.record(topology_of(settings).fetched, job["target"],
                          key.encode(), {"job": job, "final_url": url, "status": 200,

@@ -27,9 +27,15 @@ JOB: dict[str, Any] = {
     "priority": 1,
     "meta": {"source": "seeds.txt", "campaign": "ünïcode ✓"},
     "delay_ms": 15_000,
+    "pinned": False,  # not the default: a round trip shows it is written
 }
 
 V1_FIELDS = ("url", "target", "profile", "depth", "attempt", "parent_url", "last_error")
+
+
+#: The version tuple pages carry (FetchResult v2, ParsedPage v3).
+VERSIONS = {"profile_bundle_version": "2", "http_version": "aiohttp/3.14.5",
+            "tls_version": "OpenSSL 3.0.13 30 Jan 2024", "code_revision": "1a2b3c4d5e6f"}
 
 
 def fetch_result() -> dict[str, Any]:
@@ -43,6 +49,7 @@ def fetch_result() -> dict[str, Any]:
         "elapsed_ms": 123,
         "redirects": ["https://example.com/dir/page?a=1&b=2"],
         "worker": "fetch-1@host",
+        **VERSIONS,
     }
 
 
@@ -64,6 +71,7 @@ def parsed_page() -> dict[str, Any]:
         "fetch_worker": "fetch-1",
         "parse_worker": "parse-3",
         "parsed_at_ms": TS_MS,
+        **VERSIONS,
     }
 
 
@@ -113,6 +121,8 @@ def fetch_event() -> dict[str, Any]:
         "profile_bundle_version": "1",
         "code_revision": "0.1.0",
         "ts_ms": TS_MS,
+        "event_id": "5f0c2a9e8b7d4c1a9e3f6b2d8c4a7e1f",
+        "egress": "eu-proxy-1",
     }
 
 
@@ -184,9 +194,9 @@ def test_fingerprints_are_stable_across_instances(codec: Codec) -> None:
 
 def test_crawljob_versions_are_ordered(codec: Codec) -> None:
     versions = codec.versions("CrawlJob")
-    assert [v.version for v in versions] == [1, 2]
+    assert [v.version for v in versions] == [1, 2, 3]
     assert versions[-1] is codec.latest("CrawlJob")
-    assert versions[0].fingerprint != versions[1].fingerprint
+    assert len({v.fingerprint for v in versions}) == 3
 
 
 def test_v1_crawljob_is_read_by_v2_reader_with_defaults(codec: Codec) -> None:
@@ -195,7 +205,16 @@ def test_v1_crawljob_is_read_by_v2_reader_with_defaults(codec: Codec) -> None:
     payload, headers = codec.encode("CrawlJob", old, version=v1)
     assert headers == [(HEADER_SCHEMA, v1.fingerprint.encode())]
     decoded = codec.decode("CrawlJob", payload, headers)
-    assert decoded == {**old, "priority": 0, "meta": {}, "delay_ms": 0}
+    assert decoded == {**old, "priority": 0, "meta": {}, "delay_ms": 0, "pinned": True}
+
+
+def test_v2_crawljob_is_read_as_pinned(codec: Codec) -> None:
+    """Before v3 every job was pinned in effect (its key was profile|URL): so it reads."""
+    v2 = codec.versions("CrawlJob")[1]
+    old = {k: v for k, v in JOB.items() if k != "pinned"}
+    payload, headers = codec.encode("CrawlJob", old, version=v2)
+    assert headers == [(HEADER_SCHEMA, v2.fingerprint.encode())]
+    assert codec.decode("CrawlJob", payload, headers) == {**old, "pinned": True}
 
 
 def test_v1_payload_differs_from_v2_payload(codec: Codec) -> None:
@@ -223,15 +242,39 @@ def _schema_dir(tmp_path: Path, name: str, files: list[str]) -> Path:
 def test_records_embedding_different_crawljob_versions_have_different_fingerprints(
         tmp_path: Path) -> None:
     """A FetchResult embedding a v1 CrawlJob is a different writer schema than one embedding
-    v2; sharing a fingerprint would make a reader decode old bytes with the wrong schema."""
+    v2; sharing a fingerprint would make a reader decode old bytes with the wrong schema.
+    The newer codec still knows the old one, so a result in flight across the upgrade of
+    the job schema is read (its job with the new fields' defaults), not dead-lettered."""
     old = Codec(_schema_dir(tmp_path, "old", ["crawl_job.v1.avsc", "fetch_result.v1.avsc"]))
     new = Codec(_schema_dir(tmp_path, "new", ["crawl_job.v1.avsc", "crawl_job.v2.avsc",
                                               "fetch_result.v1.avsc"]))
     assert old.latest("FetchResult").fingerprint != new.latest("FetchResult").fingerprint
-    value = {**fetch_result(), "job": {k: JOB[k] for k in V1_FIELDS}}
-    payload, headers = old.encode("FetchResult", value)
-    with pytest.raises(DecodeError):
-        new.decode("FetchResult", payload, headers)
+    v1_job = {k: JOB[k] for k in V1_FIELDS}
+    payload, headers = old.encode("FetchResult", {**fetch_result(), "job": v1_job})
+    decoded = new.decode("FetchResult", payload, headers)
+    assert decoded["job"] == {**v1_job, "priority": 0, "meta": {}, "delay_ms": 0}
+    assert decoded["body"] == fetch_result()["body"]
+    # An unknown writer (a record embedding a job schema this codec never saw) still fails.
+    newer = Codec(_schema_dir(tmp_path, "newer", ["crawl_job.v2.avsc", "crawl_job.v3.avsc",
+                                                  "fetch_result.v1.avsc"]))
+    with pytest.raises(DecodeError, match="unknown"):
+        newer.decode("FetchResult", payload, headers)
+
+
+def test_records_in_flight_across_the_v3_job_upgrade_decode(codec: Codec,
+                                                            tmp_path: Path) -> None:
+    """A dead letter and a fetch result written by a v2-era worker (job without ``pinned``)
+    are read by today's codec with the job pinned, as it was in effect."""
+    old = Codec(_schema_dir(tmp_path, "v2", ["crawl_job.v1.avsc", "crawl_job.v2.avsc",
+                                             "fetch_result.v1.avsc", "dead_letter.v1.avsc"]))
+    v2_job = {k: v for k, v in JOB.items() if k != "pinned"}
+    payload, headers = old.encode("FetchResult", {**fetch_result(), "job": v2_job})
+    assert codec.decode("FetchResult", payload, headers)["job"] == {**v2_job, "pinned": True}
+    letter = {"job": v2_job, "raw": None, "source_topic": "crawl.frontier", "reason": "x",
+              "error": "e", "attempts": 1, "worker": "w", "version": "0",
+              "failed_at_ms": TS_MS}
+    payload, headers = old.encode("DeadLetter", letter)
+    assert codec.decode("DeadLetter", payload, headers)["job"] == {**v2_job, "pinned": True}
 
 
 # --- decode failures ----------------------------------------------------------------------

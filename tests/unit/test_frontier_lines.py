@@ -28,7 +28,18 @@ def test_plain_url() -> None:
         "priority": 0,
         "meta": {},
         "delay_ms": 0,
+        # names no profile, and none is configured: pinned to the implicit default one, so
+        # its key is default|URL, as every job's was before profiles
+        "pinned": True,
     }
+
+
+def test_plain_url_is_unpinned_once_profiles_are_configured() -> None:
+    s = Settings(profiles={"desk": {"user_agent": "deskbot/1 (+https://example.org/bot)",
+                                    "region": "local"}}, default_profile="desk")
+    job = parse_line("http://example.com/a", s)
+    assert job is not None
+    assert (job["profile"], job["pinned"]) == ("desk", False)  # desk: where placement starts
 
 
 def test_json_line() -> None:

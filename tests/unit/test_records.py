@@ -97,7 +97,8 @@ _GOOD = """
     enc = Encoder(Topology(), "test")
     job: CrawlJob = {"url": "https://example.com/", "target": "example.com",
                      "profile": "desktop", "depth": 0, "attempt": 0, "parent_url": None,
-                     "last_error": None, "priority": 0, "meta": {}, "delay_ms": 0}
+                     "last_error": None, "priority": 0, "meta": {}, "delay_ms": 0,
+                     "pinned": True}
     enc.job("crawl.frontier", job)
     enc.dead(job, None, "crawl.frontier", "internal", "boom", 1)
 
@@ -117,7 +118,7 @@ _BAD = """
     enc.job("crawl.frontier", {"url": "https://example.com/", "target": "example.com",
                                "profile": "desktop", "depth": 0, "attempt": 0,
                                "parent_url": None, "last_eror": None, "priority": 0,
-                               "meta": {}, "delay_ms": 0})
+                               "meta": {}, "delay_ms": 0, "pinned": True})
 
 
     def url_of(msg: Message) -> str:

@@ -23,6 +23,10 @@ COVERED = {
     "dlq list": ("tests/integration/test_cli_newcomer.py", '"dlq", "list"'),
     "dlq show": ("tests/integration/test_cli_newcomer.py", '"dlq", "show"'),
     "dlq replay": ("tests/integration/test_cli_newcomer.py", '"dlq", "replay"'),
+    "approve": ("tests/integration/test_approved_versions.py", '_cli(s, "approve"'),
+    "approved": ("tests/integration/test_approved_versions.py", '_cli(s, "approved")'),
+    "revoke": ("tests/integration/test_approved_versions.py", '_cli(s, "revoke"'),
+    "unquarantine": ("tests/integration/test_quarantine_app.py", '"unquarantine", C]'),
 }
 
 

@@ -16,7 +16,7 @@ import pytest
 from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
-_CRAWL_JOB = json.loads((SCHEMA_DIR / "crawl_job.v2.avsc").read_text())
+_CRAWL_JOB = json.loads((SCHEMA_DIR / "crawl_job.v3.avsc").read_text())  # newest
 
 
 def _versions() -> dict[str, list[tuple[int, dict[str, Any]]]]:
@@ -45,7 +45,8 @@ PAIRS = [(name, old, new) for name, vs in _versions().items()
 
 
 def test_the_evolved_records_are_checked() -> None:
-    assert {name for name, _, _ in PAIRS} == {"crawl_job", "parsed_page"}
+    assert {name for name, _, _ in PAIRS} == {"crawl_job", "parsed_page", "fetch_result",
+                                              "telemetry"}
 
 
 @pytest.mark.parametrize(("name", "old", "new"), PAIRS, ids=[p[0] for p in PAIRS])

@@ -55,8 +55,20 @@ def test_a_fleet_with_a_stage_unstaffed_is_partly_running() -> None:
     assert "fleet running" in _text(every) and "1: retry-0" in _text(every)
 
 
-def test_top_shows_no_field_that_does_not_exist_yet() -> None:
-    assert "quarantine" not in _text(_idle({}))
+def test_top_shows_the_quarantine_app_and_active_quarantines() -> None:
+    from crawlfleet.top import active_quarantines
+    from streams.control import Quarantine
+    assert "active quarantines: none" in _text(_idle({}))
+    now = 1_800_000_000_000
+    found = [Quarantine("profile", "a.test", "alpha", now + 60_000, "3 blocks within 600s"),
+             Quarantine("target", "b.test", "", now + 60_000, "2 of 3 profiles"),
+             Quarantine("egress", "a.test", "px1", now - 1, "over")]
+    snap = _idle({})
+    snap.quarantines = active_quarantines(found, now)
+    assert [(q.target, q.scope) for q in snap.quarantines] == [("a.test", "profile"),
+                                                               ("b.test", "target")]
+    text = _text(snap)
+    assert "active quarantines (2)" in text and "alpha" in text and "px1" not in text
 
 
 def test_the_header_clock_is_utc_like_every_other_time() -> None:

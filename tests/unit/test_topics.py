@@ -80,7 +80,10 @@ def test_topic_names_are_unique_and_prefixed() -> None:
     topo = Topology(prefix="t42.")
     names = [s.name for s in topo.specs()]
     assert len(names) == len(set(names))
-    assert all(n.startswith("t42.crawl.") for n in names)
+    # faust names its table changelog after the app id, which is the stage's group.
+    assert all(n.startswith("t42.crawl.") for n in names if n != topo.quarantine_changelog)
+    assert topo.quarantine_changelog == "t42.crawlfleet-quarantine-counts-changelog"
+    assert topo.quarantine_app == topo.group("quarantine") == "t42.crawlfleet-quarantine"
     assert topo.group("fetch") == "t42.crawlfleet-fetch"
     assert Topology().frontier == "crawl.frontier"
 
@@ -171,7 +174,9 @@ def test_every_stage_declares_its_inputs_once() -> None:
     assert STAGES == ("fetch", "parse", "store", "retry")
     assert topo.inputs("fetch") == [topo.frontier, topo.frontier_high]
     assert topo.inputs("parse") == [topo.fetched]
-    assert topo.inputs("store") == [topo.parsed, topo.telemetry, topo.dead, topo.lineage]
+    assert topo.inputs("store") == [topo.parsed, topo.telemetry, topo.dead, topo.lineage,
+                                    topo.quarantines]
+    assert topo.inputs("quarantine") == [topo.telemetry]  # analytics: not in STAGES
     assert topo.inputs("retry") == topo.retry_topics
     names = {s.name for s in topo.specs()}
     assert all(set(topo.inputs(st)) <= names for st in STAGES)
