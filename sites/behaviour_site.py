@@ -26,6 +26,27 @@ class Behaviour:
     retry_after: str | None = None  # with a non-200 ``status``
     flaky_every: int = 0  # every n-th page answers 503 on its first request only
     flaky_retry_after: str | None = None  # Retry-After of those 503s
+    #: 403 to requests whose User-Agent starts with one of these product tokens (a site that
+    #: bans one crawl identity)
+    block_agents: tuple[str, ...] = ()
+    #: 403 to requests a tagging test proxy carried (header ``X-Test-Egress``, see
+    #: :mod:`sites.egress_tag`): a site that bans one exit address
+    block_egress: tuple[str, ...] = ()
+    #: 403 to every page request after this many (-1: never): a site that, once it has
+    #: said no, says no to everything
+    block_after: int = -1
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One request as the site saw it."""
+
+    at: float  # monotonic
+    host: str
+    path: str
+    agent: str  # the User-Agent's product token
+    egress: str  # the tagging proxy's name, "" when it came direct
+    status: int
 
 
 class BehaviourSite:
@@ -36,6 +57,8 @@ class BehaviourSite:
         self.open_now: collections.Counter[str] = collections.Counter()
         self.max_open: collections.Counter[str] = collections.Counter()
         self._answered: set[tuple[str, str]] = set()
+        self.seen: list[Seen] = []  # every request with who sent it and what it got
+        self._page_requests: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, daemon=True, name="behaviour-site")
@@ -67,23 +90,41 @@ class BehaviourSite:
             self.max_open[host] = max(self.max_open[host], self.open_now[host])
             first = (host, path) not in self._answered
             self._answered.add((host, path))
+        agent = request.headers.get("User-Agent", "").split("/", 1)[0]
+        egress = request.headers.get("X-Test-Egress", "")
+        resp = self._answer(b, host, path, first, agent, egress)
         try:
-            if path == "/robots.txt":
-                return web.Response(status=404, text="no rules")
-            if b.delay_s:
-                await asyncio.sleep(b.delay_s)
-            if b.status != 200:
-                headers = {"Retry-After": b.retry_after} if b.retry_after else {}
-                return web.Response(status=b.status, text="no", headers=headers)
-            digits = path.removeprefix("/p/").removesuffix(".html")
-            if first and digits.isdigit() and self.flaky(host, int(digits)):
-                headers = {"Retry-After": b.flaky_retry_after} if b.flaky_retry_after else {}
-                return web.Response(status=503, text="busy", headers=headers)
-            return web.Response(text=f"<html><title>{path}</title><p>{path}</p></html>",
-                                content_type="text/html")
+            answer = await resp
+            with self._lock:
+                self.seen.append(Seen(time.monotonic(), host, path, agent, egress,
+                                      answer.status))
+            return answer
         finally:
             with self._lock:
                 self.open_now[host] -= 1
+
+    async def _answer(self, b: Behaviour, host: str, path: str, first: bool, agent: str,
+                      egress: str) -> web.Response:
+        if path != "/robots.txt":
+            with self._lock:
+                self._page_requests[host] += 1
+                n = self._page_requests[host]
+            if agent in b.block_agents or egress in b.block_egress or (
+                    0 <= b.block_after < n):
+                return web.Response(status=403, text="no")
+        if path == "/robots.txt":
+            return web.Response(status=404, text="no rules")
+        if b.delay_s:
+            await asyncio.sleep(b.delay_s)
+        if b.status != 200:
+            headers = {"Retry-After": b.retry_after} if b.retry_after else {}
+            return web.Response(status=b.status, text="no", headers=headers)
+        digits = path.removeprefix("/p/").removesuffix(".html")
+        if first and digits.isdigit() and self.flaky(host, int(digits)):
+            headers = {"Retry-After": b.flaky_retry_after} if b.flaky_retry_after else {}
+            return web.Response(status=503, text="busy", headers=headers)
+        return web.Response(text=f"<html><title>{path}</title><p>{path}</p></html>",
+                            content_type="text/html")
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)

@@ -13,7 +13,9 @@ import asyncio
 import collections
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -574,3 +576,43 @@ def report(name: str, **figures: Any) -> None:
     """One greppable line of measured figures in the test output (run pytest with -s)."""
     print(f"\nFAULT-REPORT {name}: " + ", ".join(f"{k}={v}" for k, v in figures.items()),
           flush=True)
+
+
+# --- forward proxies ---------------------------------------------------------------------------
+
+
+class Proxy:
+    """A real forward proxy (proxy.py) in a subprocess on loopback, logging each request
+    it carries (``GET ip:port/path`` or ``CONNECT ip:port``) to its own file. With a ``tag``
+    it names itself to the sites it reaches (header ``X-Test-Egress``, see
+    :mod:`sites.egress_tag`), so a test site can refuse one egress."""
+
+    def __init__(self, log: Path, tag: str = "") -> None:
+        self.log = log
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        plugins = ["--plugins", "sites.egress_tag.EgressTagPlugin"] if tag else []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "--hostname", "127.0.0.1", "--port", str(self.port),
+             "--num-workers", "1", "--num-acceptors", "1", "--log-level", "INFO",
+             "--log-file", str(log), *plugins], stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, env={**os.environ, "EGRESS_TAG": tag})
+
+    def wait_ready(self) -> None:
+        def up() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return True
+            except OSError:
+                return False
+        wait_until(up, 20, f"proxy on port {self.port}", interval=0.1)
+
+    def carried(self) -> list[str]:
+        """``ip:port/path`` of every request carried so far."""
+        text = self.log.read_text() if self.log.exists() else ""
+        return re.findall(r"access_log:\d+ - \S+ - (?:GET|CONNECT) (\S+)", text)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)

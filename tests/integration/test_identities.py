@@ -19,8 +19,6 @@ import dataclasses
 import json
 import re
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -29,7 +27,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from fleet_helpers import Workers, create_all_topics, publish_seeds, wait_until
+from fleet_helpers import Proxy, Workers, create_all_topics, publish_seeds, wait_until
 
 from consumers.classify import Signal
 from consumers.http_fetch import Fetcher, Identity
@@ -166,39 +164,6 @@ def test_cookies_stay_with_their_target_and_profile_and_a_new_owner_starts_clean
 
 
 # --- (b), (c) egress through real proxies -----------------------------------------------------
-
-
-class Proxy:
-    """A real forward proxy (proxy.py) in a subprocess on loopback, logging each request
-    it carries (``GET ip:port/path`` or ``CONNECT ip:port``) to its own file."""
-
-    def __init__(self, log: Path) -> None:
-        self.log = log
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy", "--hostname", "127.0.0.1", "--port", str(self.port),
-             "--num-workers", "1", "--num-acceptors", "1", "--log-level", "INFO",
-             "--log-file", str(log)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def wait_ready(self) -> None:
-        def up() -> bool:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return True
-            except OSError:
-                return False
-        wait_until(up, 20, f"proxy on port {self.port}", interval=0.1)
-
-    def carried(self) -> list[str]:
-        """``ip:port/path`` of every request carried so far."""
-        text = self.log.read_text() if self.log.exists() else ""
-        return re.findall(r"access_log:\d+ - \S+ - (?:GET|CONNECT) (\S+)", text)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
 
 
 @pytest.fixture
