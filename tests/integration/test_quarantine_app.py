@@ -28,7 +28,7 @@ from infra.views import expand, load_views
 from schemas.codec import default_codec
 from schemas.records import Control, FetchEvent
 from streams.control import Quarantine
-from streams.io import Encoder
+from streams.io import Encoder, producer_conf
 
 pytestmark = pytest.mark.integration
 
@@ -48,12 +48,13 @@ def _event(eid: str, target: str, profile: str, egress: str, ts_ms: int,
 
 
 class Telemetry:
-    """Produces fetch events in transactions, as a fetch worker does."""
+    """Produces fetch events in transactions, as a fetch worker does (its producer
+    settings: lz4-compressed batches, which the app's consumer must be able to read)."""
 
     def __init__(self, s: Settings) -> None:
         self.topo = topology_of(s)
         self.enc = Encoder(self.topo, "fetch-test")
-        self.p = Producer({**s.kafka_common(), "transactional.id": f"qt-{uuid.uuid4().hex}"})
+        self.p = Producer(producer_conf(s, "fetch-test", f"qt-{uuid.uuid4().hex}"))
         self.p.init_transactions(30)
         self.committed = 0
 
