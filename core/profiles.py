@@ -132,6 +132,18 @@ def user_agent_problem(ua: str) -> str | None:
     return None
 
 
+def _check_table(where: str, name: str, spec: Any, keys: frozenset[str], shape: str) -> None:
+    """A named table of the configuration: a valid name, a table, only keys it knows."""
+    if not valid_name(name):
+        raise ConfigError(f"{where}: a name is letters, digits, '.', '_' or '-'")
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"{where}: expected {shape}")
+    unknown = set(spec) - keys
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; expected "
+                          f"{sorted(keys)}")
+
+
 def parse_egress(raw: Mapping[str, Any]) -> dict[str, Egress]:
     """Egress tables by name (``direct`` is built in and may not be redefined)."""
     out: dict[str, Egress] = {}
@@ -140,14 +152,7 @@ def parse_egress(raw: Mapping[str, Any]) -> dict[str, Egress]:
         if name == DIRECT:
             raise ConfigError(f"{where}: 'direct' is built in (its region is the 'region' "
                               "setting)")
-        if not _NAME_RE.fullmatch(name):
-            raise ConfigError(f"{where}: a name is letters, digits, '.', '_' or '-'")
-        if not isinstance(spec, Mapping):
-            raise ConfigError(f"{where}: expected a table with 'proxy' and 'region'")
-        unknown = set(spec) - _EGRESS_KEYS
-        if unknown:
-            raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; expected "
-                              f"{sorted(_EGRESS_KEYS)}")
+        _check_table(where, name, spec, _EGRESS_KEYS, "a table with 'proxy' and 'region'")
         proxy = str(spec.get("proxy") or "")
         parts = urlsplit(proxy)
         try:
@@ -169,14 +174,8 @@ def parse_profiles(raw: Mapping[str, Any], egress: Mapping[str, Egress]) -> dict
     out: dict[str, Profile] = {}
     for name, spec in raw.items():
         where = f"profiles[{name!r}]"
-        if not _NAME_RE.fullmatch(name) or name == "*":
-            raise ConfigError(f"{where}: a name is letters, digits, '.', '_' or '-'")
-        if not isinstance(spec, Mapping):
-            raise ConfigError(f"{where}: expected a table (user_agent, region, egress, ...)")
-        unknown = set(spec) - _PROFILE_KEYS
-        if unknown:
-            raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; expected "
-                              f"{sorted(_PROFILE_KEYS)}")
+        _check_table(where, name, spec, _PROFILE_KEYS,
+                     "a table (user_agent, region, egress, ...)")
         ua = str(spec.get("user_agent") or "")
         problem = user_agent_problem(ua)
         if problem:

@@ -19,7 +19,6 @@ import dataclasses
 import json
 import re
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +34,7 @@ from consumers.identities import Identities
 from consumers.resolver import StaticResolver
 from core.config import Settings
 from core.errors import CrawlfleetError, ForbiddenAddressError
+from sites.loop_site import LoopSite
 
 pytestmark = pytest.mark.integration
 
@@ -43,19 +43,15 @@ BETA_UA = "betabot/1.0 (+https://example.org/beta)"
 CHECKED, REFUSED = "127.0.0.3", "127.0.0.2"
 
 
-class SessionSite:
+class SessionSite(LoopSite):
     """A loopback site that sets ``sid`` (a fresh value each time) on any page request
     arriving without one, answers 429 to the first request of ``/limited``, and logs every
     request: path, User-Agent, Cookie, Host header and the local address it arrived on."""
 
     def __init__(self, hosts: tuple[str, ...], port: int) -> None:
-        self.hosts, self.port = hosts, port
+        super().__init__(hosts, port, "session-site")
         self.log: list[dict[str, Any]] = []
         self.sids = 0
-        self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._ready = threading.Event()
 
     async def _handle(self, request: web.BaseRequest) -> web.Response:
         sock = request.transport.get_extra_info("sockname") if request.transport else None
@@ -77,33 +73,9 @@ class SessionSite:
         resp.force_close()  # one request per connection: each proxy logs each request
         return resp
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-
-        async def listen() -> web.ServerRunner:
-            runner = web.ServerRunner(web.Server(self._handle, access_log=None))
-            await runner.setup()
-            for h in self.hosts:
-                await web.TCPSite(runner, h, self.port).start()
-            return runner
-
-        runner = self._loop.run_until_complete(listen())
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.run_until_complete(runner.cleanup())
-
     def requests(self, path_prefix: str = "/") -> list[dict[str, Any]]:
         with self._lock:
             return [r for r in self.log if r["path"].startswith(path_prefix)]
-
-    def __enter__(self) -> SessionSite:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
 
 # --- (a) cookie jars on a fleet -------------------------------------------------------------

@@ -8,10 +8,8 @@ status class equal what the site served, and its dead letters by reason equal th
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import subprocess
-import threading
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +29,7 @@ from fleet_helpers import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.config import Settings
+from sites.loop_site import LoopSite
 
 pytestmark = pytest.mark.integration
 
@@ -41,16 +40,13 @@ HOSTS = {"ok": ["127.0.0.2"], "missing": ["127.0.0.2"], "private": ["127.0.0.2"]
          "flaky": ["127.0.0.3", "127.0.0.4", "127.0.0.5"], "gone": ["127.0.0.6", "127.0.0.7"]}
 
 
-class OutcomeSite:
+class OutcomeSite(LoopSite):
     """Answers by path: /ok 200, /missing 404, /flaky 503 once then 200, /gone 500."""
 
     def __init__(self, port: int) -> None:
-        self.port = port
+        super().__init__(tuple(sorted({h for hs in HOSTS.values() for h in hs})), port,
+                         "outcome-site")
         self.served: list[tuple[str, int]] = []  # (path, status) of every page request
-        self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="outcome-site")
-        self._ready = threading.Event()
 
     def urls(self) -> list[str]:
         return [f"http://{HOSTS[kind][i % len(HOSTS[kind])]}:{self.port}/{kind}/{i}.html"
@@ -69,31 +65,6 @@ class OutcomeSite:
         if status != 200:
             return web.Response(status=status, text="no")
         return web.Response(text=f"<html><title>{path}</title></html>", content_type="text/html")
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        runners: list[web.ServerRunner] = []
-
-        async def listen() -> None:
-            runners.append(web.ServerRunner(web.Server(self._handle, access_log=None)))
-            await runners[0].setup()
-            for host in sorted({h for hs in HOSTS.values() for h in hs}):
-                await web.TCPSite(runners[0], host, self.port).start()
-
-        self._loop.run_until_complete(listen())
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.run_until_complete(runners[0].cleanup())
-        self._loop.close()
-
-    def __enter__(self) -> OutcomeSite:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
 
 def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -7,7 +7,6 @@ broker: its Kafka calls are not reached), real stores in a temporary dir."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -17,11 +16,11 @@ import pytest
 
 from consumers import target_policy
 from consumers.classify import Signal
-from consumers.fetch import FetchStage, _Session
+from consumers.fetch import _Session
 from consumers.outcomes import Result
 from consumers.robots import UNREACHABLE_RETRY_S
 from consumers.seen import DONE
-from core.config import Settings
+from tests.unit.fetch_session import run_session
 from tests.unit.test_target_memory import RobotsFetcher
 
 BOUND = 100
@@ -55,21 +54,7 @@ class _Msg:
 
 def _session_run(tmp_path: Path, body: Callable[[_Session], Awaitable[T]],
                  **overrides: Any) -> T:
-    settings = Settings(data_dir=tmp_path, bootstrap_servers="127.0.0.1:1", partitions=1,
-                        max_target_state=BOUND, rate_cap=1000.0, **overrides)
-    stage = FetchStage(settings, worker_id="fetch-test")
-
-    async def scenario() -> T:
-        session = _Session(stage)
-        session.ledger.assign([(session.topo.frontier, 0)], {(session.topo.frontier, 0): 0})
-        try:
-            return await body(session)
-        finally:
-            session.seen.close()
-            session.parked.store.close()
-            session.kafka.kx.shutdown(wait=False)
-
-    return asyncio.run(scenario())
+    return run_session(tmp_path, body, max_target_state=BOUND, **overrides)
 
 
 class _Jobs:
