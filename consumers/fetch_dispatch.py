@@ -192,6 +192,9 @@ class Dispatcher:
             identity = self.identity(pj)
             rules = await self.robots.rules_for(job["url"], target, identity)
             if rules is None:  # this slot was spent on robots.txt: go again later
+                # The site has seen this identity now: after a block it stays eligible, so
+                # the profile that asked for robots.txt can carry the target's work.
+                self.ids.sent(target, pj.profile)
                 now = time.monotonic()
                 self.sched.push_front(target, pj, now, tier=pj.tier)
                 # A full interval after the answer, not after the release: the robots.txt

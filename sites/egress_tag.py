@@ -16,6 +16,9 @@ from proxy.http.proxy import HttpProxyBasePlugin
 
 
 class EgressTagPlugin(HttpProxyBasePlugin):
-    def before_upstream_connection(self, request: HttpParser) -> HttpParser | None:
-        request.add_header(b"X-Test-Egress", os.environ.get("EGRESS_TAG", "").encode())
+    def handle_client_request(self, request: HttpParser) -> HttpParser | None:
+        # Every request of a kept-alive connection passes here (the upstream-connection
+        # hook runs once per connection only).
+        if not request.has_header(b"X-Test-Egress"):
+            request.add_header(b"X-Test-Egress", os.environ.get("EGRESS_TAG", "").encode())
         return request

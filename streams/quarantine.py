@@ -124,6 +124,8 @@ class QuarantineWorker:
         self.encoder = Encoder(self.topology, self.issued_by)
         self.codec = self.encoder.codec
         self._allowed: dict[str, tuple[str, ...]] = {}
+        #: Each profile's egress pool: whom a block is blamed on (quarantine_rules).
+        self._pools = {n: p.egress for n, p in self.s.profile_table.items()}
         self.app, self.table = self._build()
 
     def _build(self) -> tuple[Any, Any]:
@@ -187,7 +189,7 @@ class QuarantineWorker:
         eid = event["event_id"] or f"{event['worker']}|{event['url']}|{event['attempt']}" \
             f"|{_ms(event['ts_ms'])}"
         block = Block(eid, target, event["profile"], event["egress"], _ms(event["ts_ms"]))
-        issued = observe(state, block, self.rules, self._allowed_for(target))
+        issued = observe(state, block, self.rules, self._allowed_for(target), self._pools)
         if is_empty(state):
             if raw is not None:
                 del self.table[key]

@@ -14,6 +14,9 @@ already issued. A block is folded in with :func:`observe`:
   last quarantine, issue a quarantine of that scope until ``at + quarantine_s``; while it
   is active a repeat is not issued again (an idempotent record if it were: same key, and
   ``at`` is the triggering event's time, so a replay issues the very same record);
+- a block has two suspects, its profile and its egress: where the other side had a choice
+  (a profile with several egresses, an egress several profiles use) the N blocks must come
+  through at least two of it before the scope takes the blame (:func:`spread_needed`);
 - a quarantine within W after a neighbour of the same kind (another profile, another
   egress) of the same target was quarantined is *second order*: a cascade, the figure the
   dashboard counts;
@@ -25,12 +28,14 @@ Event times, never this process's clock: a replay computes exactly what the firs
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from schemas.records import QuarantineCounts
 from streams.control import Quarantine
 
+#: Separates an event id from the block's other suspect in a window's entries.
+_SEP = "\x1f"
 #: The scopes counted per event (the ``target`` scope is derived from the profile ones).
 COUNTED = ("profile", "egress")
 
@@ -83,44 +88,73 @@ def scope_key(scope: str, name: str) -> str:
 
 
 def observe(state: QuarantineCounts, block: Block, rules: Rules,
-            allowed_profiles: Collection[str]) -> list[Issued]:
+            allowed_profiles: Collection[str],
+            pools: Mapping[str, Collection[str]] | None = None) -> list[Issued]:
     """Fold one block into its target's ``state`` (in place); the quarantines it issues.
 
     ``allowed_profiles`` are the profiles configured for the target (``Profile.allowed_for``):
     the target pauses when more than ``rules.target_share`` of them are quarantined.
+    ``pools`` (profile -> its egresses) decides whom a block is blamed on, see
+    :func:`spread_needed`; without it every block counts for both.
     """
     out: list[Issued] = []
     names = {"profile": block.profile, "egress": block.egress}
+    other = {"profile": block.egress, "egress": block.profile}
     for scope in COUNTED:
         name = names[scope]
         if not name:
             continue
-        issued = _count(state, scope, name, block, rules)
+        need = spread_needed(scope, name, allowed_profiles, pools)
+        issued = _count(state, scope, name, block, rules, other[scope], need)
         if issued is not None:
             out.append(issued)
-    if any(i.quarantine.scope == "profile" for i in out):
-        paused = _target_pause(state, block, rules, allowed_profiles)
+    if out:
+        paused = _target_pause(state, block, rules, allowed_profiles, pools)
         if paused is not None:
             out.append(paused)
     prune(state, block.ts_ms, rules)
     return out
 
 
+def spread_needed(scope: str, name: str, allowed_profiles: Collection[str],
+                  pools: Mapping[str, Collection[str]] | None) -> int:
+    """How many distinct counterparts the N blocks of a scope must come from.
+
+    A block has two suspects: its profile and its egress. Blocks of one profile through
+    one egress say nothing about which of the two the site refuses, so where the other
+    side has a choice the blame needs both of it: a profile whose pool has several
+    egresses is quarantined only for blocks through at least two of them, and an egress
+    several of the target's profiles use only for blocks of at least two profiles. (Else
+    one banned profile on a one-egress pool would also retire that egress for everyone.)
+    """
+    if pools is None:
+        return 1
+    if scope == "profile":
+        return 2 if len(pools.get(name, ())) >= 2 else 1
+    users = sum(1 for p in allowed_profiles if name in pools.get(p, ()))
+    return 2 if users >= 2 else 1
+
+
 def _count(state: QuarantineCounts, scope: str, name: str, block: Block,
-           rules: Rules) -> Issued | None:
+           rules: Rules, other: str = "", need: int = 1) -> Issued | None:
     key = scope_key(scope, name)
     ids = state["windows"].setdefault(key, {})
-    if block.event_id in ids:
+    # The id carries the block's other suspect (an event has exactly one): still one entry
+    # per distinct event, so a replay finds it.
+    entry = f"{block.event_id}{_SEP}{other}"
+    if entry in ids:
         return None  # a replayed event: counted once already
     since = state["since"].get(key, 0)
-    ids[block.event_id] = block.ts_ms
+    ids[entry] = block.ts_ms
     newest = max(ids.values())
     live = {i: t for i, t in ids.items() if t > newest - rules.window_ms and t > since}
     if len(live) > rules.keep:
         live = dict(sorted(live.items(), key=lambda kv: (kv[1], kv[0]))[-rules.keep:])
     state["windows"][key] = live
-    if block.event_id not in live or len(live) < rules.blocks:
+    if entry not in live or len(live) < rules.blocks:
         return None
+    if len({i.rpartition(_SEP)[2] for i in live}) < need:
+        return None  # not yet attributable to this scope rather than its counterparts
     last = state["quarantines"].get(key)
     if last is not None and block.ts_ms < last[1]:
         return None  # already quarantined: not issued again while it lasts
@@ -137,7 +171,11 @@ def _count(state: QuarantineCounts, scope: str, name: str, block: Block,
 
 
 def _target_pause(state: QuarantineCounts, block: Block, rules: Rules,
-                  allowed: Collection[str]) -> Issued | None:
+                  allowed: Collection[str],
+                  pools: Mapping[str, Collection[str]] | None = None) -> Issued | None:
+    """The target's pause, when more than ``target_share`` of its profiles are out: each
+    quarantined itself, or left without an egress (every egress of its pool quarantined
+    for the target: a site refusing everything looks like one refusing our only exit)."""
     if not allowed:
         return None
     key = scope_key("target", "")
@@ -145,9 +183,14 @@ def _target_pause(state: QuarantineCounts, block: Block, rules: Rules,
     now = block.ts_ms
     if last is not None and now < last[1]:
         return None
-    out = sorted(p for p in allowed
-                 if (q := state["quarantines"].get(scope_key("profile", p))) is not None
-                 and q[0] <= now < q[1])
+
+    def in_force(scope: str, name: str) -> bool:
+        q = state["quarantines"].get(scope_key(scope, name))
+        return q is not None and q[0] <= now < q[1]
+
+    out = sorted(p for p in allowed if in_force("profile", p) or (
+        pools is not None and bool(pools.get(p)) and all(in_force("egress", e)
+                                                         for e in pools[p])))
     if len(out) <= rules.target_share * len(allowed):
         return None
     until = now + rules.quarantine_ms

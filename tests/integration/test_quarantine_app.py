@@ -150,7 +150,9 @@ def test_quarantine_app_counts_committed_distinct_blocks(
     assert qa.until_ms == ev["a3"]["ts_ms"] + 1_800_000  # at the third block's own time
     assert "3 blocks" in qa.reason
     pause = found["quarantine:target:c.test|"]
-    assert "2 of 3 profiles" in pause.reason and pause.until_ms == ev["c6"]["ts_ms"] + 1_800_000
+    # C's only egress is blamed once two profiles (alpha, beta) were refused through it (c4),
+    # which leaves all three profiles without a way out: the target pauses at that event.
+    assert "3 of 3 profiles" in pause.reason and pause.until_ms == ev["c4"]["ts_ms"] + 1_800_000
 
     # A crash and a replay: the app restarts from its committed offsets and its table's
     # changelog; the same events again issue nothing new.
@@ -178,9 +180,9 @@ def test_quarantine_app_counts_committed_distinct_blocks(
     rows = query(s, sql)
     assert [tuple(r) for r in rows] == [
         (A, "egress", "px9", 0, 3), (A, "profile", "alpha", 0, 3),
-        (C, "egress", "direct", 0, 3),  # same event as (C, alpha): not a cascade
+        (C, "egress", "direct", 0, 4),  # 4 blocks, of two profiles; not a profile: no cascade
         (C, "profile", "alpha", 0, 3), (C, "profile", "beta", 1, 3),  # after alpha: one
-        (C, "target", "", 0, 2)]
+        (C, "target", "", 0, 3)]
     view = load_views()["quarantines"]
     got: dict[str, Any] = {r[0]: r for r in query(s, expand(view.sql, 3600))}
     assert set(got) == {A, C}

@@ -7,41 +7,28 @@ waiting jobs and cookie jars go with it."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
 
-from consumers.fetch import FetchStage, _Session
+from consumers.classify import Signal
+from consumers.fetch import _Session
 from consumers.identities import EGRESS_META
-from core.config import Settings
 from core.errors import CrawlfleetError
 from schemas.codec import default_codec
 from streams.control import ControlState, Quarantine, quarantine_key
 from streams.ledger import Pending
+from tests.unit.fetch_session import run_session
+from tests.unit.test_target_memory import RobotsFetcher
 
 T = "site.test"
 UA = "{}bot/1.0 (+https://example.org/bot)"
 
 
 def _run(tmp_path: Path, body: Any) -> Any:
-    s = Settings(data_dir=tmp_path, bootstrap_servers="127.0.0.1:1", partitions=1,
-                 rate_cap=1000.0, default_profile="alpha", profiles={
-                     n: {"user_agent": UA.format(n), "region": "local", "cookies": True}
-                     for n in ("alpha", "beta", "gamma")})
-    stage = FetchStage(s, worker_id="fetch-test")
-
-    async def scenario() -> Any:
-        session = _Session(stage)
-        session.ledger.assign([(session.topo.frontier, 0)], {(session.topo.frontier, 0): 0})
-        try:
-            return await body(session)
-        finally:
-            session.seen.close()
-            session.parked.store.close()
-            session.kafka.kx.shutdown(wait=False)
-
-    return asyncio.run(scenario())
+    return run_session(tmp_path, body, default_profile="alpha", profiles={
+        n: {"user_agent": UA.format(n), "region": "local", "cookies": True}
+        for n in ("alpha", "beta", "gamma")})
 
 
 def _pj(session: _Session, n: int, profile: str, pinned: bool) -> Pending:
@@ -154,5 +141,27 @@ def test_a_pinned_job_of_an_unknown_profile_is_never_sent_as_another(tmp_path: P
         loose = _pj(session, 4, "ghost", False)  # unpinned: any identity of this worker
         assert d.identity(loose).headers["User-Agent"] == UA.format("alpha")
         assert loose.profile == "alpha"
+
+    _run(tmp_path, body)
+
+
+def test_the_profile_that_asked_for_robots_txt_stays_eligible_after_a_block(
+        tmp_path: Path) -> None:
+    async def body(session: _Session) -> None:
+        d = session.dispatch
+        d.fetcher = RobotsFetcher()  # type: ignore[assignment]
+        session.robots.fetcher = d.fetcher  # type: ignore[assignment]
+        pj = _pj(session, 5, "alpha", False)
+        now = time.monotonic()
+        assert d.place(T, pj, now) and pj.profile == "alpha"
+        d.running += 1
+        await d.fetch(pj)  # the slot went on robots.txt, asked as alpha; the job requeued
+        ids = session.policy.identities
+        ids.sent(T, "beta")
+        ids.observe(T, "beta", "direct", Signal.BLOCKED, time.monotonic())  # beta refused
+        # The site has seen alpha (its robots.txt request): alpha may carry the target's
+        # work on; beta, refused, may too until quarantined; gamma, never seen, may not.
+        placed = {ids.place(T, "alpha", False, int(time.time() * 1000)) for _ in range(6)}
+        assert "alpha" in placed and "gamma" not in placed
 
     _run(tmp_path, body)

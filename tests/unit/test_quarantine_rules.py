@@ -17,11 +17,12 @@ T0 = 1_000_000_000
 
 
 def feed(blocks: list[Block], rules: Rules = RULES,
-         allowed: tuple[str, ...] = PROFILES) -> list[Issued]:
+         allowed: tuple[str, ...] = PROFILES,
+         pools: dict[str, tuple[str, ...]] | None = None) -> list[Issued]:
     states: dict[str, QuarantineCounts] = {}  # one per target, as the app's table keeps
     out: list[Issued] = []
     for b in blocks:
-        out += observe(states.setdefault(b.target, empty(b.target)), b, rules, allowed)
+        out += observe(states.setdefault(b.target, empty(b.target)), b, rules, allowed, pools)
     return out
 
 
@@ -159,3 +160,51 @@ def test_table_values_round_trip_with_their_schema() -> None:
     assert decode_counts(raw) == state
     with pytest.raises(DecodeError):
         decode_counts(b"{}")
+
+
+ONE_EGRESS = {p: ("direct",) for p in PROFILES}
+TWO_EGRESSES = {p: ("px1", "px2") for p in PROFILES}
+
+
+def test_one_profile_banned_on_a_shared_egress_retires_the_profile_not_the_egress() -> None:
+    out = feed([blk(str(i), i, profile="beta") for i in range(5)], pools=ONE_EGRESS)
+    assert keys(out) == [quarantine_key("profile", "t", "beta")]
+
+
+def test_an_egress_several_profiles_use_is_blamed_once_two_of_them_are_refused() -> None:
+    out = feed([blk("1", 0, "alpha", "direct"), blk("2", 1, "alpha", "direct")],
+               pools=ONE_EGRESS, rules=Rules(blocks=2, window_ms=W))
+    assert keys(out) == [quarantine_key("profile", "t", "alpha")]  # not yet the egress
+    out = feed([blk("1", 0, "alpha", "direct"), blk("2", 1, "beta", "direct")],
+               pools=ONE_EGRESS, rules=Rules(blocks=2, window_ms=W))
+    # (the only egress retired: no profile has a way out, so the target pauses with it)
+    assert keys(out) == [quarantine_key("egress", "t", "direct"),
+                         quarantine_key("target", "t", "")]
+
+
+def test_a_banned_egress_retires_the_egress_not_the_profiles_that_used_it() -> None:
+    blocks = [blk(str(i), i, PROFILES[i % 3], "px2") for i in range(6)]
+    out = feed(blocks, pools=TWO_EGRESSES)
+    assert keys(out) == [quarantine_key("egress", "t", "px2")]
+    # A profile refused through both of its egresses is the profile's own doing.
+    out = feed([blk("a", 0, "beta", "px1"), blk("b", 1, "beta", "px2"),
+                blk("c", 2, "beta", "px1")], pools=TWO_EGRESSES)
+    assert quarantine_key("profile", "t", "beta") in keys(out)
+
+
+def test_a_sole_profile_or_a_sole_egress_takes_the_blame_alone() -> None:
+    pools = {"alpha": ("px1", "px2")}  # one profile: a banned egress can only be px2's fault
+    out = feed([blk(str(i), i, "alpha", "px2") for i in range(3)], allowed=("alpha",),
+               pools=pools)
+    assert keys(out) == [quarantine_key("egress", "t", "px2")]
+
+
+def test_a_site_refusing_every_profile_through_the_only_egress_pauses_the_target() -> None:
+    # Three profiles on one egress, each refused once: the egress takes the blame, which
+    # leaves every profile without a way out, so the target pauses (it is not left waiting
+    # with nothing said).
+    out = feed([blk("1", 0, "alpha"), blk("2", 1, "beta"), blk("3", 2, "gamma")],
+               pools=ONE_EGRESS)
+    assert keys(out) == [quarantine_key("egress", "t", "direct"),
+                         quarantine_key("target", "t", "")]
+    assert not any(i.second_order for i in out)
