@@ -57,6 +57,8 @@ log = logging.getLogger("crawlfleet.fetch")
 TP = tuple[str, int]
 #: A worker out of queued jobs hands its results on this often, not on the full interval.
 _STARVED_COMMIT_S = 0.1
+#: The status file is written at least this often, whatever the main loop waits on.
+REPORT_EVERY_S = 0.5
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -133,6 +135,7 @@ class _Session:
         self.dispatch = Dispatcher(self.s, self.topo, self.sched, self.policy, self.robots,
                                    self.rules, self.ledger, self.parked, self.intake,
                                    self.pacer, self.status, self.wake)
+        self.dispatch.stopping = lambda: stage.stop.requested
         self.kafka = AsyncSession(self.s, self.topo, "fetch", stage.worker, self.enc,
                                   self.status, stage.stop, self.ledger, self,
                                   frozenset({self.topo.seen, self.topo.parked}),
@@ -202,13 +205,15 @@ class _Session:
                 self.dispatch.fetcher = fetcher
                 self.robots.fetcher = fetcher
                 dispatcher = asyncio.create_task(self.dispatch.dispatch_loop())
+                reporter = asyncio.create_task(self._report_loop())
                 try:
                     await self._main_loop()
                 finally:
                     dispatcher.cancel()
+                    reporter.cancel()
                     for t in list(self.dispatch.tasks):
                         t.cancel()
-                    await asyncio.gather(dispatcher, *self.dispatch.tasks,
+                    await asyncio.gather(dispatcher, reporter, *self.dispatch.tasks,
                                          return_exceptions=True)
         finally:
             try:
@@ -233,8 +238,17 @@ class _Session:
                           self.s.commit_interval_s):
                 await self.kafka.commit()
                 last_commit = now
+                self.wake.set()  # a dispatcher held for this commit may start again
             self.intake.sweep_parked(now)
             self.policy.forget_idle(now)
+            self._report()
+
+    async def _report_loop(self) -> None:
+        """The status file, also while the main loop waits on a commit: a commit that
+        stalls must not leave the last word on what this worker holds minutes old (the
+        fleet's drain check and the chaos bound read it)."""
+        while True:
+            await asyncio.sleep(REPORT_EVERY_S)
             self._report()
 
     def _report(self) -> None:

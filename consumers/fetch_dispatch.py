@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from consumers.classify import Signal
@@ -38,6 +39,9 @@ from schemas.topics import Topology, partition_for
 from streams.control import ControlState
 from streams.ledger import Ledger, Pending
 from streams.status import StatusFile
+
+#: A dispatcher held for a commit looks again this often (a commit also wakes it).
+COMMIT_WAIT_S = 0.5
 
 log = logging.getLogger("crawlfleet.fetch")
 
@@ -63,6 +67,10 @@ class Dispatcher:
         self.recheck_at = 0.0  # when waiting jobs and quarantine holds are looked at again
         #: Targets held by a target-scoped quarantine, and why (shown in the status file).
         self.quarantined: dict[str, str] = {}
+        #: Whether this worker stops (set by the stage: its stop flag).
+        self.stopping: Callable[[], bool] = lambda: False
+        #: Requests wait for a commit: ``max_uncommitted`` finished or in flight.
+        self.held_for_commit = False
 
     async def dispatch_loop(self) -> None:
         while True:
@@ -70,9 +78,7 @@ class Dispatcher:
             self.intake.refill_due(now)
             if now >= self.recheck_at:
                 self.recheck(now)
-            free = self.s.max_inflight - self.running
-            if self.paused:
-                free = 0  # a person paused the fleet: finish what is in flight, start nothing
+            free = self.start_allowance()
             free = self.pacer.available(now, free)
             if free > 0:
                 started = 0
@@ -101,14 +107,31 @@ class Dispatcher:
             paced = self.pacer.next_at()
             if due is not None and paced is not None:
                 due = max(due, paced)
+            if free <= 0 and self.held_for_commit:
+                due = now + COMMIT_WAIT_S if due is None else min(due, now + COMMIT_WAIT_S)
             timeout = None if due is None or self.running >= self.s.max_inflight \
-                or self.paused else max(0.0, due - time.monotonic())
+                or self.paused or self.stopping() else max(0.0, due - time.monotonic())
             self.wake.clear()
             # asyncio.timeout, not wait_for: this runs once per finished request, and
             # wait_for wraps every wait in a new Task.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self.wake.wait()
+
+    def start_allowance(self) -> int:
+        """Requests that may start now. None while the fleet is paused or this worker stops
+        (what is in flight finishes; a graceful stop must not keep fetching while its final
+        commit waits on a slow broker), and none while the results finished but not yet
+        committed, plus those in flight, reach ``max_uncommitted``: a commit that stalls
+        must not let the work a kill would make the next owner repeat grow without bound."""
+        if self.paused or self.stopping():
+            return 0
+        room = self.s.max_uncommitted - self.running - self.ledger.uncommitted
+        held = room <= 0
+        if held and not self.held_for_commit:
+            self.status.add("held_for_commit")
+        self.held_for_commit = held
+        return max(0, min(self.s.max_inflight - self.running, room))
 
     def _disallowed_now(self, target: str, pj: Pending, now: float) -> bool:
         """Known robots-disallowed: dead-letter it without spending the target's slot."""

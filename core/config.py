@@ -137,6 +137,10 @@ class Settings:
     crawl_windows: dict[str, str] = field(default_factory=dict)
     #: Requests in flight per fetch worker, across all targets.
     max_inflight: int = 256
+    #: Finished results a fetch worker may hold before their transaction commits (plus what
+    #: is in flight). A commit that stalls (a slow or restarted broker) stops new requests
+    #: here, so a worker killed meanwhile makes its successor repeat at most this many.
+    max_uncommitted: int = 2048
     #: Jobs held in memory per fetch worker before its partitions are paused.
     max_buffered: int = 5000
     #: Requests in flight to one target at most (halved on errors, regained on successes).
@@ -332,7 +336,7 @@ def _problems(s: Settings) -> list[str]:
         out.append("partitions must be >= 1 (or 0 = automatic)")
     for name in ("replication", "max_inflight", "max_buffered", "max_attempts",
                  "store_batch_rows", "max_inflight_per_target", "target_buffer_floor",
-                 "max_target_state", "egress_failures"):
+                 "max_target_state", "egress_failures", "max_uncommitted"):
         if getattr(s, name) < 1:
             out.append(f"{name} must be >= 1")
     for name in ("rate_cap", "request_timeout_s", "connect_timeout_s", "commit_interval_s",
@@ -425,7 +429,7 @@ def _host_or_network(entry: str) -> bool:
 TABLE_FIELDS = frozenset({"profiles", "egress"})
 
 #: ``CRAWLFLEET_*`` variables that are not settings: read elsewhere, never a typo.
-RESERVED_ENV = frozenset({"CONFIG", "FAULT", "HOME", "KAFKA_JARS", "CLOCK_SKEW_S"})
+RESERVED_ENV = frozenset({"CONFIG", "FAULT", "FAULT_STALL_S", "HOME", "KAFKA_JARS", "CLOCK_SKEW_S"})
 
 
 def _coerce_field(name: str, value: Any, source: str | None = None) -> Any:

@@ -310,7 +310,7 @@ class ChaosRound:
                 cause=cause))
             if not self.spec.chaos:  # the baseline: the schedule's draws, nobody killed
                 return
-            self.exposure.on_kill(status, wid, stage, cause, time.time())
+            drop = self.exposure.on_kill(status, wid, stage, cause, time.time())
             if proc.poll() is None:
                 proc.send_signal(sig)
                 try:
@@ -318,6 +318,10 @@ class ChaosRound:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+            if sig != signal.SIGKILL:
+                # A stopping worker holds its work until it is gone (its final commit may
+                # wait on a broker): the site's requests until then count, not until the ask.
+                drop.wall = time.time()
         k = self.kills[-1]
         self.console.print(f"[yellow]{k.at_s:6.1f}s  {sig.name} {wid}[/yellow] ({cause}; pid "
                            f"{k.pid}, in flight {k.inflight}, queued {k.queued}, "

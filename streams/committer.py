@@ -85,6 +85,7 @@ class TxnCommitter:
         try:
             for o in outputs:
                 self._produce(o, delivered if o.topic in track else None, deadline)
+            faults.stall("stall_commit")
             if offsets:
                 meta = consumer.consumer_group_metadata()
                 self._run("send_offsets_to_transaction",

@@ -13,6 +13,13 @@ And one where it lives on, and the commit fails as a slow or failing broker make
 
 - ``abort_commit``: the transaction is aborted instead of committed (an abortable error).
 
+And one where it lives on and a commit stalls, as a transactional call does that librdkafka
+does not return from while its coordinator moved (librdkafka#5456, after brokers restart):
+
+- ``stall_commit``: the commit blocks for ``CRAWLFLEET_FAULT_STALL_S`` seconds (default
+  30) before sending its offsets; the worker's event loop, its requests and its status
+  go on meanwhile.
+
 Unset (the default), every call is a dictionary lookup and nothing else.
 """
 
@@ -20,8 +27,10 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 ENV = "CRAWLFLEET_FAULT"
+STALL_ENV = "CRAWLFLEET_FAULT_STALL_S"
 _counts: dict[str, int] = {}
 
 
@@ -59,3 +68,13 @@ def fails(name: str) -> bool:
     sys.stderr.write(f"crawlfleet fault injection: failing {name} #{_counts[name]}\n")
     sys.stderr.flush()
     return True
+
+
+def stall(name: str) -> None:
+    """Block here for ``CRAWLFLEET_FAULT_STALL_S`` seconds if this process was told to."""
+    if _hit(name):
+        seconds = float(os.environ.get(STALL_ENV, "30"))
+        sys.stderr.write(f"crawlfleet fault injection: stalling {name} #{_counts[name]} "
+                         f"for {seconds:.0f}s\n")
+        sys.stderr.flush()
+        time.sleep(seconds)

@@ -221,7 +221,8 @@ class Ledger:
     def uncommitted(self) -> int:
         """Jobs whose results are finished but not committed (waiting or being committed):
         the requests a crash of this worker now would make the next owner repeat."""
-        return sum(r.jobs for r in self._results.values()) + self._committing_jobs
+        with self.lock:  # the Kafka thread changes the results while the loop asks
+            return sum(r.jobs for r in self._results.values()) + self._committing_jobs
 
     def drop_holders(self, keep: Callable[[TP, int], bool]) -> None:
         self._holders = {k: h for k, h in self._holders.items() if keep(h[0], h[1])}
