@@ -73,6 +73,8 @@ GAUGES: dict[str, tuple[str, str]] = {
     "live_timers": ("crawlfleet_timers_live_entries",
                     "Live entries of crawl.timers as the broker holds them (store worker's "
                     "sampler, every sample_interval_s)."),
+    "active_quarantines": ("crawlfleet_active_quarantines",
+                           "Quarantines in force, as the quarantine app last counted them."),
     "unsettled_partitions": ("crawlfleet_changelog_unsettled_partitions",
                              "Partitions of crawl.parked and crawl.timers with an open "
                              "transaction when last read (their live entries may change)."),
@@ -98,6 +100,16 @@ COUNTERS: dict[str, tuple[str, str, str | None, str | None]] = {
     "restore_failures": ("crawlfleet_restore_failures", "State restores that failed.",
                          None, None),
     "deferrals": ("crawlfleet_fetch_deferrals", "Targets deferred (rested).", None, None),
+    "held_for_commit": ("crawlfleet_fetch_held_for_commit",
+                        "Times new requests waited for a commit (max_uncommitted reached: a "
+                        "slow broker).", None, None),
+    **{f"quarantines_{scope}": ("crawlfleet_quarantines",
+                                "Quarantines the quarantine app issued, by scope.", "scope", scope)
+       for scope in ("profile", "egress", "target")},
+    "second_order": ("crawlfleet_quarantines_second_order",
+                     "Quarantines issued within the window after a neighbour on the same "
+                     "target was quarantined (the cascade the design keeps at 0-1).",
+                     None, None),
 }
 
 #: Request durations (seconds): loopback pages to a request timeout's worth.

@@ -60,7 +60,11 @@ def test_served_metrics(tmp_path: Path) -> None:
         status.add("aborted_txns")
         status.add("assigned_partitions", 4)
         status.add("consumed", 7)
-        status.gauges.update(inflight=2, queued=5, uncommitted=4)
+        status.gauges.update(inflight=2, queued=5, uncommitted=4, active_quarantines=3)
+        status.add("held_for_commit")
+        status.add("quarantines_profile", 2)  # the quarantine app's counters
+        status.add("quarantines_egress")
+        status.add("second_order")
         status.gauge_fns["deferred_targets"] = lambda: 1
         status.write(force=True)
         m = _scrape(port)
@@ -86,6 +90,11 @@ def test_served_metrics(tmp_path: Path) -> None:
     assert value("crawlfleet_queued_jobs") == 5
     assert value("crawlfleet_uncommitted_results", **base) == 4  # the over-apply exposure
     assert value("crawlfleet_deferred_targets") == 1
+    assert value("crawlfleet_fetch_held_for_commit_total") == 1
+    assert value("crawlfleet_quarantines_total", scope="profile") == 2
+    assert value("crawlfleet_quarantines_total", scope="egress") == 1
+    assert value("crawlfleet_quarantines_second_order_total") == 1
+    assert value("crawlfleet_active_quarantines") == 3
     info = m["crawlfleet_build_info"][0][0]
     assert info["code_revision"] == "abc123" and info["fetcher_version"].startswith("crawlfleet")
     assert not status.metrics.on  # remove() stopped the server
