@@ -9,11 +9,12 @@ results (the status gauge ``uncommitted``). So every *drop* adds to the bound
     + the page requests the site received between that read and the drop
 
 The last term is what the worker may have sent after its file was written; the site's own
-log counts it exactly (every host, so it can only over-count). A stop (SIGTERM) drops at the
-worker's exit, not at the ask: its final commit may wait on a broker until it is killed. A kill is a drop we cause
-and sample right before; the others show in the status file as a new pid or a higher
-``aborted_txns``/``fenced``/``lost_partitions``/``revoked_partitions``/``internal_errors``
-counter, and then the figures are the largest the worker reported since its previous drop.
+log counts it exactly (every host, so it can only over-count). A stop (SIGTERM) drops at
+the worker's exit, not at the ask: its final commit may wait on a broker until it is
+killed. A kill is a drop we cause and sample right before; the others show in the status
+file as a new pid or a higher ``aborted_txns``/``fenced``/``lost_partitions``/
+``revoked_partitions``/``internal_errors`` counter, and then the figures are the largest
+the worker reported since its previous drop.
 
 The store's raw rows beyond one per key come from the same thing at the store: a store
 worker that inserted rows and died (or aborted) before committing their offsets inserts
