@@ -37,6 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.peers import REPO_ROOT, PeerResult, run_bare_aiohttp, run_scrapy
+from bench.proc_costs import ChildCpu, ProcCosts, broker_pids
 from sites.demo_site import DemoSite, SiteSpec, bench_spec
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -111,17 +112,6 @@ def _proc_rss(pid: int) -> tuple[str, int] | None:
         return None
 
 
-def _proc_pss(pid: int) -> int:
-    """PSS bytes of ``pid`` (0 if gone). Costly: the kernel walks the page tables."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
 class TreeMemorySampler:
     """Samples a process tree's summed RSS every ``interval`` s and keeps the peak.
 
@@ -140,11 +130,15 @@ class TreeMemorySampler:
         self.peak_pss = 0
         self.peak_breakdown: dict[str, int] = {}
         self._pids: list[int] = []
+        self._brokers: set[int] = set()  # followed after they leave the tree (daemons)
+        self.costs = ProcCosts()  # CPU and peak PSS per process, by role
         self._samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
 
     def start(self) -> None:
+        self._brokers = set(broker_pids())  # a running broker: counted from now
+        self.costs.watch_outside(sorted(self._brokers))
         self._thread.start()
 
     def stop(self) -> None:
@@ -154,9 +148,11 @@ class TreeMemorySampler:
     def sample(self) -> None:
         if self._samples % max(1, int(1.0 / self.interval)) == 0:
             self._pids = _descendants(self.root_pid)
+            self._brokers.update(p for p in self._pids if p in self.costs.procs
+                                 and self.costs.procs[p].role == "broker")
         with_pss = self._samples % self.pss_every == 0
         self._samples += 1
-        rss = pss = 0
+        rss = 0
         by_name: dict[str, int] = {}
         for pid in self._pids:
             mem = _proc_rss(pid)
@@ -165,8 +161,8 @@ class TreeMemorySampler:
             name, r = mem
             rss += r
             by_name[name] = by_name.get(name, 0) + r
-            if with_pss:
-                pss += _proc_pss(pid)
+        pss = self.costs.sample(self._pids, with_pss)
+        self.costs.sample(sorted(self._brokers - set(self._pids)), with_pss)
         if rss > self.peak_rss:
             self.peak_rss = rss
             self.peak_breakdown = by_name
@@ -251,6 +247,7 @@ def run_crawlfleet(
         started = time.perf_counter()
         # Its own session, so a timeout can end the whole tree it started, and only that.
         out = output.open("ab") if output is not None else None
+        clock = ChildCpu()  # the crawl and every stage process it reaps, exactly
         proc = subprocess.Popen(
             argv, cwd=REPO_ROOT, env=env, start_new_session=True, stdout=out, stderr=out
         )
@@ -267,6 +264,8 @@ def run_crawlfleet(
         finally:
             sampler.stop()
         process_seconds = time.perf_counter() - started
+        broker = sampler.costs.by_role().get("broker")
+        cpu_s = clock.stop() + (broker.cpu_s if broker is not None else 0.0)
         if not summary.exists():
             raise RuntimeError(f"crawlfleet exited with {returncode}: {shlex.join(argv)}")
         # A non-zero exit with a summary (e.g. not drained) is still a result: the table's
@@ -286,6 +285,7 @@ def run_crawlfleet(
         pages_per_s=pages / seconds if seconds else 0.0,
         peak_rss_mb=sampler.peak_rss / 2**20,
         process_seconds=process_seconds,
+        cpu_s=cpu_s,
     )
     return result, sampler
 
@@ -316,7 +316,8 @@ def _with_fresh_site(
 def _table(runs: list[Run], title: str) -> Table:
     table = Table(title=title)
     table.add_column("crawler")
-    for col in ("pages", "expected", "exact", "seconds", "pages/s", "peak RSS MB", "process s"):
+    for col in ("pages", "expected", "exact", "seconds", "pages/s", "peak RSS MB", "process s",
+                "CPU ms/page"):
         table.add_column(col, justify="right")
     for col in ("site requests", "refetched", "disallowed fetched", "pages/s of every run"):
         table.add_column(col, justify="right")
@@ -331,6 +332,7 @@ def _table(runs: list[Run], title: str) -> Table:
             f"{res.pages_per_s:,.0f}",
             f"{res.peak_rss_mb:,.1f}",
             f"{res.process_seconds:.2f}",
+            f"{1000 * res.cpu_s / res.pages:.2f}" if res.pages else "-",
             str(r.site_requests),
             str(r.refetched),
             str(r.disallowed_fetched),

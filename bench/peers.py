@@ -46,6 +46,7 @@ class PeerResult:
     pages_per_s: float
     peak_rss_mb: float
     process_seconds: float = 0.0
+    cpu_s: float = 0.0  # user + system CPU-seconds of every process it ran (broker included)
     errors: int = 0
     statuses: dict[str, int] = field(default_factory=dict)
 
@@ -169,6 +170,7 @@ def _run_child(
         pages_per_s=pages / seconds if seconds > 0 else 0.0,
         peak_rss_mb=usage.ru_maxrss / 1024,  # KiB on Linux
         process_seconds=process_seconds,
+        cpu_s=usage.ru_utime + usage.ru_stime,
         errors=int(data.get("errors", 0)),
         statuses={str(k): int(v) for k, v in data.get("statuses", {}).items()},
     )

@@ -69,6 +69,7 @@ from bench.peers import (
     run_scrapy,
 )
 from bench.polite_peers import scrapy_polite_settings
+from bench.proc_costs import RoleCost
 from sites.demo_site import (
     SHAPES,
     USER_AGENT,
@@ -178,6 +179,12 @@ class ShapeRun:
     error: str | None = None
     all_pages_per_s: list[float] = field(default_factory=list)
     every_run_exact: bool = True
+    costs: dict[str, RoleCost] = field(default_factory=dict)  # crawlfleet: by process role
+
+    @property
+    def cpu_ms_per_page(self) -> float | None:
+        res = self.result
+        return 1000 * res.cpu_s / res.pages if res is not None and res.pages else None
 
     @property
     def pages_per_s(self) -> float:
@@ -215,14 +222,19 @@ def _run_uncapped(
 ) -> ShapeRun:
     result: PeerResult | None = None
     error = None
+    costs: dict[str, RoleCost] = {}
     with DemoSite(spec) as site:
         try:
             out = fn()
-            result = out[0] if isinstance(out, tuple) else out
+            if isinstance(out, tuple):
+                result, costs = out[0], out[1].costs.by_role()
+            else:
+                result = out
         except RuntimeError as exc:
             error = str(exc)
         log = site.log_with_statuses()
-    return ShapeRun(shape, crawler, referee(spec, expected, log, robots), result, error)
+    return ShapeRun(shape, crawler, referee(spec, expected, log, robots), result, error,
+                    costs=costs)
 
 
 # -- the skewed shape ------------------------------------------------------------------------------
@@ -619,6 +631,8 @@ def _shape_table(shape: str, spec: SiteSpec, runs: list[ShapeRun], repeat: int) 
         "pages/s",
         "peak RSS MB",
         "process s",
+        "CPU s",
+        "CPU ms/page",
         "requests",
         "429/503",
         "refetched",
@@ -638,6 +652,8 @@ def _shape_table(shape: str, spec: SiteSpec, runs: list[ShapeRun], repeat: int) 
             f"{res.pages_per_s:,.0f}" if res else "-",
             f"{res.peak_rss_mb:,.0f}" if res else "-",
             f"{res.process_seconds:.1f}" if res else "-",
+            f"{res.cpu_s:.1f}" if res else "-",
+            f"{r.cpu_ms_per_page:.2f}" if r.cpu_ms_per_page is not None else "-",
             str(r.ref.requests),
             str(r.ref.deferred),
             str(r.ref.refetched),
@@ -645,6 +661,28 @@ def _shape_table(shape: str, spec: SiteSpec, runs: list[ShapeRun], repeat: int) 
             str(r.ref.disallowed),
             ", ".join(f"{v:,.0f}" for v in r.all_pages_per_s) or "-",
         )
+    return table
+
+
+def _costs_table(shape: str, run: ShapeRun) -> Table:
+    """crawlfleet's processes on one shape: CPU per 1,000 stored pages and peak PSS, by role
+    (sampled from /proc; the total row is the exact figure: reaped children + the broker)."""
+    res = run.result
+    pages = max(1, res.pages if res is not None else 0)
+    table = Table(title=f"{shape}: crawlfleet by process ({pages} pages stored)")
+    table.add_column("process", no_wrap=True)
+    for col in ("processes", "CPU s", "CPU s / 1,000 pages", "share", "peak PSS MB"):
+        table.add_column(col, justify="right")
+    sampled = sum(c.cpu_s for c in run.costs.values()) or 1.0
+    for role, c in sorted(run.costs.items(), key=lambda kv: -kv[1].cpu_s):
+        table.add_row(role, str(c.processes), f"{c.cpu_s:.2f}",
+                      f"{1000 * c.cpu_s / pages:.2f}", f"{c.cpu_s / sampled:.0%}",
+                      f"{c.peak_pss_mb:,.0f}" if role != "broker" else
+                      f"({c.peak_pss_mb:,.0f})")
+    stages = sum(c.peak_pss_mb for r, c in run.costs.items() if r != "broker")
+    if res is not None:
+        table.add_row("total (exact)", "", f"{res.cpu_s:.2f}", f"{1000 * res.cpu_s / pages:.2f}",
+                      "", f"{stages:,.0f} (broker apart)")
     return table
 
 
@@ -869,6 +907,9 @@ def main(argv: list[str] | None = None) -> int:
             by_shape[shape] = {c: _median_shape_run(rs) for c, rs in runs.items() if rs}
             if by_shape[shape]:
                 console.print(_shape_table(shape, spec, list(by_shape[shape].values()), repeat))
+                fleet = by_shape[shape].get("crawlfleet")
+                if fleet is not None and fleet.costs:
+                    console.print(_costs_table(shape, fleet))
             every_run[shape] = {
                 c: [{**asdict(x), "exact": x.exact} for x in rs] for c, rs in runs.items()
             }

@@ -1,0 +1,52 @@
+"""The benchmarks' per-process costs: roles from command lines, CPU and PSS read from /proc."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from bench.proc_costs import ChildCpu, ProcCosts, role_of
+
+BURN = ("import time; t = time.process_time()\n"
+        "while time.process_time() - t < 0.3: pass\n"
+        "print(time.process_time())")
+
+
+def test_roles_from_command_lines() -> None:
+    py = "/usr/bin/python3"
+    assert role_of([py, "-m", "crawlfleet.cli", "worker", "fetch", "--worker-id", "f1"]) == "fetch"
+    assert role_of([py, "-m", "crawlfleet.cli", "worker", "quarantine"]) == "quarantine"
+    assert role_of(["java", "-Xmx512m", "kafka.Kafka", "server.properties"]) == "broker"
+    assert role_of(["/venv/bin/crawlfleet", "crawl", "seeds.txt"]) == "crawl"
+    assert role_of(["/usr/bin/scrapy", "runspider"], "scrapy") == "scrapy"
+    assert role_of([], "") == "?"
+
+
+def test_child_cpu_counts_what_a_reaped_child_burned() -> None:
+    clock = ChildCpu()
+    out = subprocess.run([sys.executable, "-c", BURN], capture_output=True, text=True,
+                         check=True)
+    burned = float(out.stdout)
+    assert clock.stop() >= burned >= 0.3
+
+
+def test_proc_costs_samples_a_live_process_by_role() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", BURN + "\nimport time; time.sleep(5)"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        burned = float(proc.stdout.readline())
+        costs = ProcCosts()
+        costs.sample([proc.pid], with_pss=True)
+        costs.watch_outside([os.getpid()])  # counted from now: nothing used yet
+    finally:
+        proc.kill()
+        proc.wait()
+    child, me = costs.procs[proc.pid], costs.procs[os.getpid()]
+    assert child.cpu >= burned * 0.9 and child.base_cpu == 0  # all of it: started here
+    assert child.peak_pss > 2**20  # a Python interpreter's own pages
+    assert me.base_cpu == me.cpu > 0  # an outside process counts from its first sample
+    roles = costs.by_role()
+    assert sum(r.processes for r in roles.values()) == 2
+    assert abs(sum(r.cpu_s for r in roles.values()) - child.cpu) < 1e-9
