@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,7 @@ from consumers.classify import classify_exception
 from consumers.resolver import GuardedResolver
 from core.config import Settings
 from core.errors import (
+    ConfigError,
     CrawlfleetError,
     DecompressionBombError,
     FetchTimeoutError,
@@ -98,6 +100,19 @@ def proxy_hosts(settings: Settings) -> frozenset[str]:
                      if e.proxy) - {""}
 
 
+def tls_context(settings: Settings) -> ssl.SSLContext | bool:
+    """Certificates are always verified: against the system's trust store, plus the CAs of
+    ``tls_ca_file`` when set."""
+    if not settings.tls_ca_file:
+        return True
+    ctx = ssl.create_default_context()
+    try:
+        ctx.load_verify_locations(cafile=settings.tls_ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"tls_ca_file {settings.tls_ca_file!r}: {exc}") from exc
+    return ctx
+
+
 class Fetcher:
     """One aiohttp session per worker; safe for hundreds of concurrent requests.
 
@@ -113,7 +128,8 @@ class Fetcher:
 
     async def __aenter__(self) -> Fetcher:
         connector = aiohttp.TCPConnector(limit=self._s.max_inflight, ttl_dns_cache=300,
-                                         resolver=self.resolver, enable_cleanup_closed=True)
+                                         resolver=self.resolver, enable_cleanup_closed=True,
+                                         ssl=tls_context(self._s))
         self._session = aiohttp.ClientSession(
             connector=connector,
             headers={"User-Agent": self._s.user_agent, "Accept-Encoding": "gzip, deflate"},

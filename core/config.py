@@ -135,6 +135,9 @@ class Settings:
     #: Per-target crawl windows in the target's time zone, e.g.
     #: {"example.org": "Europe/Paris mon-fri 09:00-17:00"}; outside them jobs wait.
     crawl_windows: dict[str, str] = field(default_factory=dict)
+    #: Extra CA certificates (a PEM file) a fetch trusts besides the system's: a private
+    #: CA of your own sites, a test CA. Empty: the system's trust store only.
+    tls_ca_file: str = ""
     #: Requests in flight per fetch worker, across all targets.
     max_inflight: int = 256
     #: Finished results a fetch worker may hold before their transaction commits (plus what
@@ -321,6 +324,8 @@ SETTING_DEFAULTS: dict[str, Any] = {f.name: _default_of(f) for f in fields(Setti
 
 def _problems(s: Settings) -> list[str]:
     out: list[str] = []
+    if s.tls_ca_file and not Path(s.tls_ca_file).is_file():
+        out.append(f"tls_ca_file {s.tls_ca_file!r} is not a file")
     if s.target_mode not in ("host", "domain"):
         out.append(f"target_mode must be 'host' or 'domain', not {s.target_mode!r}")
     if not re.fullmatch(r"[A-Za-z0-9_]*", s.clickhouse_cluster):

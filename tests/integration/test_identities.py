@@ -5,11 +5,13 @@ forward proxies, and the address check kept through a proxy.
   profile (told apart by its own User-Agent) only ever returns the cookie set for it, a
   second profile on the same target starts with none, robots.txt is asked without cookies,
   and the worker that takes the partition over after a rebalance starts clean;
-- (b), (c) the fetcher with two real forward proxies (proxy.py, each in a subprocess on
+- (b), (c), (d) the fetcher with two real forward proxies (proxy.py, each in a subprocess on
   loopback, counted from its access log: the site closes every connection, so each request
   is one proxy connection and one log line): attempts spread over the pool, a retry after a
   block goes through the other proxy, every proxied request reached the checked address;
-  a name that rebinds to a refused address never gets a request through either proxy.
+  a name that rebinds to a refused address never gets a request through either proxy;
+  https goes through each proxy as a CONNECT to the checked address, the name kept as Host
+  and TLS server name, the certificate verified (a test CA given as ``tls_ca_file``).
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ import dataclasses
 import json
 import re
 import socket
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 from aiohttp import web
 from fleet_helpers import Proxy, Workers, create_all_topics, publish_seeds, wait_until
 
@@ -48,8 +52,9 @@ class SessionSite(LoopSite):
     arriving without one, answers 429 to the first request of ``/limited``, and logs every
     request: path, User-Agent, Cookie, Host header and the local address it arrived on."""
 
-    def __init__(self, hosts: tuple[str, ...], port: int) -> None:
-        super().__init__(hosts, port, "session-site")
+    def __init__(self, hosts: tuple[str, ...], port: int,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        super().__init__(hosts, port, "session-site", ssl_context)
         self.log: list[dict[str, Any]] = []
         self.sids = 0
 
@@ -289,3 +294,53 @@ def test_a_proxy_password_never_reaches_an_error_message(tmp_path: Path) -> None
     err = asyncio.run(body())
     assert err.reason == "connect" and err.retryable
     assert "hunter2" not in str(err) and "hunter2" not in repr(err.args)
+
+
+def test_https_through_a_proxy_is_a_connect_to_the_checked_address_with_the_name_kept(
+        tmp_path: Path, proxies: tuple[Proxy, Proxy], site_port: int) -> None:
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("tls.test").configure_cert(server_ctx)
+    names: list[str | None] = []
+    server_ctx.sni_callback = lambda _sock, name, _ctx: names.append(name)  # type: ignore[assignment,misc]
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    p1, p2 = proxies
+    trusting = dataclasses.replace(_proxied_settings(tmp_path, p1, p2), tls_ca_file=str(ca_file))
+    plain = _proxied_settings(tmp_path, p1, p2)  # the system's trust store only
+    target = f"tls.test:{site_port}"
+    resolver = StaticResolver({"tls.test": [[CHECKED]]})
+
+    async def body() -> tuple[list[int], CrawlfleetError | None]:
+        ids = Identities.of(trusting)
+        statuses = []
+        async with Fetcher(trusting, resolver=resolver) as f:
+            for egress in ("p1", "p2"):
+                resp = await f.get(f"https://{target}/page/{egress}",
+                                   identity=_identity(trusting, ids, target, egress))
+                statuses.append(resp.status)
+        refused = None
+        async with Fetcher(plain, resolver=resolver) as f:
+            try:
+                await f.get(f"https://{target}/unverified",
+                            identity=_identity(plain, ids, target, "p1"))
+            except CrawlfleetError as exc:
+                refused = exc
+        return statuses, refused
+
+    with SessionSite((CHECKED, REFUSED), site_port, ssl_context=server_ctx) as site:
+        statuses, refused = asyncio.run(body())
+        wait_until(lambda: len(p1.carried()) >= 2 and len(p2.carried()) >= 1, 10, "proxy logs")
+        carried = {"p1": p1.carried(), "p2": p2.carried()}
+        pages = site.requests("/")
+
+    assert statuses == [200, 200]
+    # Each proxy was asked to CONNECT to the checked address, never to resolve the name.
+    assert carried["p2"] == [f"{CHECKED}:{site_port}"]
+    assert carried["p1"] == [f"{CHECKED}:{site_port}"] * 2  # the page, the refused attempt
+    # Through the tunnel, the site saw the name: as TLS server name and as Host.
+    assert names[:2] == ["tls.test", "tls.test"]
+    assert [r["path"] for r in pages] == ["/page/p1", "/page/p2"]
+    assert all(r["host"] == target and r["at"] == CHECKED for r in pages)
+    # Without the CA the certificate does not verify: no page is fetched unverified.
+    assert refused is not None and "unverified" not in [r["path"] for r in pages]

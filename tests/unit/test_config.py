@@ -116,6 +116,8 @@ def test_missing_or_broken_config_file(tmp_path: Path) -> None:
         ({"rate_cap": -1.0}, "rate_cap"),
         ({"partitions": -1}, "partitions"),
         ({"max_inflight": 0}, "max_inflight"),
+        ({"max_uncommitted": 0}, "max_uncommitted"),
+        ({"tls_ca_file": "/nonexistent/ca.pem"}, "tls_ca_file"),
         ({"target_mode": "path"}, "target_mode"),
         ({"scope": "everything"}, "scope"),
         ({"max_response_bytes": 10}, "max_response_bytes"),
