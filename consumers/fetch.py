@@ -140,6 +140,7 @@ class _Session:
                                   self.status, stage.stop, self.ledger, self,
                                   frozenset({self.topo.seen, self.topo.parked}),
                                   track_members=self.s.fleet_rate_cap > 0)
+        self.dispatch.commit_age = self.kafka.commit_age
         self.status.gauge_fns["deferred_targets"] = \
             lambda: self.policy.deferred_targets(time.monotonic())
         self.status.gauge_fns["egress_cooling"] = \

@@ -69,6 +69,8 @@ class Dispatcher:
         self.quarantined: dict[str, str] = {}
         #: Whether this worker stops (set by the stage: its stop flag).
         self.stopping: Callable[[], bool] = lambda: False
+        #: Seconds the commit under way has taken (set by the stage: its session's).
+        self.commit_age: Callable[[float], float] = lambda _now: 0.0
         #: Requests wait for a commit: ``max_uncommitted`` finished or in flight.
         self.held_for_commit = False
 
@@ -123,15 +125,18 @@ class Dispatcher:
         (what is in flight finishes; a graceful stop must not keep fetching while its final
         commit waits on a slow broker), and none while the results finished but not yet
         committed, plus those in flight, reach ``max_uncommitted``: a commit that stalls
-        must not let the work a kill would make the next owner repeat grow without bound."""
+        must not let the work a kill would make the next owner repeat grow without bound.
+        A commit under way for longer than ``commit_stall_s`` holds them too: its broker is
+        slow or gone (librdkafka#5456/#5511 leave a call hanging for minutes), and what is
+        fetched meanwhile is likely to be fetched again."""
         if self.paused or self.stopping():
             return 0
         room = self.s.max_uncommitted - self.running - self.ledger.uncommitted
-        held = room <= 0
+        held = room <= 0 or self.commit_age(time.monotonic()) > self.s.commit_stall_s
         if held and not self.held_for_commit:
             self.status.add("held_for_commit")
         self.held_for_commit = held
-        return max(0, min(self.s.max_inflight - self.running, room))
+        return 0 if held else min(self.s.max_inflight - self.running, room)
 
     def _disallowed_now(self, target: str, pj: Pending, now: float) -> bool:
         """Known robots-disallowed: dead-letter it without spending the target's slot."""

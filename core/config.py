@@ -144,6 +144,9 @@ class Settings:
     #: is in flight). A commit that stalls (a slow or restarted broker) stops new requests
     #: here, so a worker killed meanwhile makes its successor repeat at most this many.
     max_uncommitted: int = 2048
+    #: A commit that has not returned after this many seconds holds new requests until it
+    #: does (or the worker restarts): what is fetched meanwhile may have to be fetched again.
+    commit_stall_s: float = 5.0
     #: Jobs held in memory per fetch worker before its partitions are paused.
     max_buffered: int = 5000
     #: Requests in flight to one target at most (halved on errors, regained on successes).
@@ -347,7 +350,7 @@ def _problems(s: Settings) -> list[str]:
     for name in ("rate_cap", "request_timeout_s", "connect_timeout_s", "commit_interval_s",
                  "robots_ttl_s", "seen_ttl_s", "store_batch_wait_s", "target_buffer_s",
                  "restore_timeout_s", "target_idle_s", "egress_window_s",
-                 "egress_cooloff_s"):
+                 "egress_cooloff_s", "commit_stall_s"):
         if getattr(s, name) <= 0:
             out.append(f"{name} must be > 0")
     for name in ("code_revision", "profile_bundle_version"):

@@ -129,6 +129,9 @@ class AsyncSession:
         self.members_stale = False
         self.version = worker_tuple(settings)
         self.leaving = False  # the tuple was revoked: end the session as a graceful stop
+        #: When the transaction being committed began (None: no commit under way); read
+        #: by the event loop, which holds new requests while a commit stalls.
+        self.committing_since: float | None = None
 
     # --- the event loop's calls -----------------------------------------------------------
 
@@ -257,6 +260,7 @@ class AsyncSession:
         if batch is None:
             return
         batch.outputs += self.logic.commit_outputs()
+        self.committing_since = time.monotonic()
         try:
             written = self.committer.commit(
                 self.consumer, batch.outputs,
@@ -267,6 +271,8 @@ class AsyncSession:
             self.ledger.aborted(str(exc))  # commits nothing more: the session rebuilds
             self.logic.aborted(batch)
             raise
+        finally:
+            self.committing_since = None
         self.logic.committed(batch, written)
         self.ledger.committed(batch)
         self.status.add("committed_txns")
@@ -319,6 +325,11 @@ class AsyncSession:
         self.restores.close()
         if self.control is not None:
             self.control.close()
+
+    def commit_age(self, now: float) -> float:
+        """Seconds the commit under way has taken so far (0: none under way)."""
+        since = self.committing_since
+        return 0.0 if since is None else max(0.0, now - since)
 
     def gauges(self) -> dict[str, int]:
         """The session's own gauges, for the stage's status report."""

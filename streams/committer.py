@@ -171,13 +171,18 @@ class CallWatch:
     cached sits on a broker librdkafka dropped (librdkafka#5456, #5511: after a whole-cluster
     restart). Past its timeout the watch says so and refreshes the producer's metadata (the
     refresh brings the brokers back, which wakes the coordinator lookup); a call still
-    stuck after ``HANG_EXIT_S`` cannot be cancelled, and the worker leaves the process so
-    its supervisor starts it again: its next producer fences this one and settles the
-    transaction, and its partitions' work is redone from the committed offsets.
+    stuck ``HANG_GRACE_S`` past its timeout cannot be cancelled, and the worker leaves the
+    process so its supervisor starts it again: its next producer fences this one and settles
+    the transaction, and its partitions' work is redone from the committed offsets. The
+    refresh does not always help: a coordinator cached on a broker librdkafka decommissioned
+    (a broker that left the metadata during a rolling restart, librdkafka#5511) is looked up
+    again only when another broker changes state, which may never come; a rolling restart's
+    fetch worker was stuck 120 s that way. Meanwhile the fetch stage starts no request
+    (``commit_stall_s``), so the wait costs its partitions' pace, not repeated work.
     """
 
     NUDGE_EVERY_S = 5.0
-    HANG_EXIT_S = 120.0
+    HANG_GRACE_S = 20.0
     EXIT_CODE = 75  # EX_TEMPFAIL: start me again
 
     def __init__(self, producer: Producer, what: str, timeout_s: float) -> None:
@@ -201,7 +206,7 @@ class CallWatch:
             return
         while not self._done.is_set():
             waited = time.monotonic() - began
-            if waited >= self.HANG_EXIT_S:
+            if waited >= self.timeout_s + self.HANG_GRACE_S:
                 log.critical("%s has not returned after %.0f s (its timeout: %.0f s; "
                              "librdkafka#5456): the worker restarts", self.what, waited,
                              self.timeout_s)

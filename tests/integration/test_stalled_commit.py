@@ -9,9 +9,10 @@ repeated 529 pages that way, against an over-apply bound of 307 read from the st
 
 Here the ``stall_commit`` fault point blocks one commit of fetch-0 for a while:
 - on default settings, a stop asked during the stall starts no request more;
-- with ``max_uncommitted`` small, the stall holds new requests at that many, and the status
-  file keeps telling what the worker holds;
-and either way every page is then stored exactly once.
+- on default settings, a commit under way for longer than ``commit_stall_s`` (5 s) holds new
+  requests until it returns, and the status file keeps telling what the worker holds;
+- with ``max_uncommitted`` small, the stall holds new requests at that many;
+and every page is then stored exactly once.
 """
 
 from __future__ import annotations
@@ -91,10 +92,47 @@ def test_a_stop_during_a_stalled_commit_starts_no_request(
            in_flight_at_stop=at_stop - before_stop, repeated=repeated, pages=len(urls))
 
 
+def test_a_commit_stalled_past_commit_stall_s_holds_new_requests(
+        settings: Settings, fleet: Callable[[Settings], Workers]) -> None:
+    s = settings.replace(rate_cap=20.0)  # commit_stall_s and max_uncommitted as shipped
+    port = free_port(HOSTS, 18880)
+    with BehaviourSite(port, {h: Behaviour() for h in HOSTS}) as site:
+        create_all_topics(s)
+        ws = fleet(s)
+        ws.start_pipeline(fetch_0=_stall_env(4, 20))
+        fetch = ws.all["fetch-0"]
+        urls = [u for h in HOSTS for u in site.urls(h, PER_HOST)]
+        publish_seeds(s, urls)
+        wait_until(lambda: STALL in fetch.log(), 90, "fetch-0's commit to stall")
+        began = len(site.pages())
+        time.sleep(s.commit_stall_s + 1.5)  # past commit_stall_s, what was in flight is in
+        held_at = len(site.pages())
+        time.sleep(8.0)
+        held_for = len(site.pages()) - held_at
+        st = fetch.status()
+        age = time.time() - float(st.get("wall", 0.0))
+        unc = int(st.get("gauges", {}).get("uncommitted", 0))
+        held = fetch.counter("held_for_commit")
+        requests = _finish(s, ws, site, urls)
+        alive = fetch.alive()
+    # Before the fix: ~60 requests/s all through the stall, ~480 in these 8 s.
+    assert held_for == 0, (held_at - began, held_for)
+    assert held >= 1
+    # The status file is fresh while the main loop waits on the commit, and tells the work
+    # a kill now would make the next owner repeat: at least what was fetched since.
+    assert age < 3.0, age
+    assert unc >= held_at - began, (unc, held_at - began)
+    assert alive  # a stall is survived in-process
+    report("stalled_commit_time_hold", before_hold=held_at - began, during_hold=held_for,
+           status_age_s=round(age, 2), uncommitted=unc,
+           repeated=sum(c - 1 for c in requests.values()), pages=len(urls))
+
+
 def test_a_stalled_commit_holds_new_requests_at_max_uncommitted(
         settings: Settings, fleet: Callable[[Settings], Workers]) -> None:
     limit = 30
-    s = settings.replace(rate_cap=20.0, max_uncommitted=limit)
+    # The count alone: the time hold (commit_stall_s) out of the way.
+    s = settings.replace(rate_cap=20.0, max_uncommitted=limit, commit_stall_s=60.0)
     port = free_port(HOSTS, 18870)
     with BehaviourSite(port, {h: Behaviour() for h in HOSTS}) as site:
         create_all_topics(s)

@@ -159,7 +159,7 @@ def test_a_call_that_never_returns_ends_the_worker_for_its_supervisor(tmp_path: 
         "class P:\n"
         "    def list_topics(self, timeout): pass\n"
         "CallWatch.NUDGE_EVERY_S = 0.05\n"
-        "CallWatch.HANG_EXIT_S = 0.3\n"
+        "CallWatch.HANG_GRACE_S = 0.25\n"
         "with CallWatch(P(), 'send_offsets', 0.05):\n"
         "    time.sleep(10)\n"
         "print('returned')\n")
