@@ -138,6 +138,15 @@ class Dispatcher:
         self.held_for_commit = held
         return 0 if held else min(self.s.max_inflight - self.running, room)
 
+    async def spaced(self, target: str) -> None:
+        """Wait until a request to ``target`` may leave (an interval after the last one
+        did), then count it as left."""
+        delay = self.sched.send_delay(target, time.monotonic())
+        if delay > 0:
+            self.status.add("send_spacing_waits")
+            await asyncio.sleep(delay)
+        self.sched.sent(target, time.monotonic())
+
     def _disallowed_now(self, target: str, pj: Pending, now: float) -> bool:
         """Known robots-disallowed: dead-letter it without spending the target's slot."""
         rules = self.robots.known(pj.job["url"])
@@ -218,6 +227,8 @@ class Dispatcher:
         answered = -1  # no page request sent; 0: sent, no answer; else the answer's status
         try:
             identity = self.identity(pj)
+            if not self.robots.fresh(job["url"]):
+                await self.spaced(target)  # robots.txt may be asked now: the slot's request
             rules = await self.robots.rules_for(job["url"], target, identity)
             if rules is None:  # this slot was spent on robots.txt: go again later
                 # The site has seen this identity now: after a block it stays eligible, so
@@ -244,6 +255,7 @@ class Dispatcher:
             else:
                 answered = 0
                 self.ids.sent(target, pj.profile)
+                await self.spaced(target)
                 resp = await self.fetcher.get(job["url"], identity=identity)
                 answered = resp.status
                 result = self.rules.response(pj, resp, started)

@@ -87,6 +87,11 @@ class RobotsCache:
         """Rules already cached for the URL's origin (even if due for a refresh)."""
         return self._rules.get(origin_of(url))
 
+    def fresh(self, url: str) -> bool:
+        """Whether :meth:`rules_for` answers ``url`` from the cache, asking nothing."""
+        origin = origin_of(url)
+        return origin in self._rules and self._expiry.get(origin, 0) > time.monotonic()
+
     async def rules_for(self, url: str, target: str,
                         identity: Identity | None = None) -> RobotsRules | None:
         """Cached rules for the URL's origin; None means "fetched them just now, requeue"

@@ -36,6 +36,7 @@ class _Slot(Generic[T]):
     high_run: int = 0  # consecutive high-tier releases while bulk work waited
     inflight: int = 0  # released, not yet done
     limit: int = 1 << 30  # in-flight limit
+    last_sent: float = float("-inf")  # when this worker's last request to it left
 
     def __len__(self) -> int:
         return len(self.queues[BULK]) + len(self.queues[HIGH])
@@ -189,6 +190,22 @@ class TargetScheduler(Generic[T]):
 
     def targets(self) -> list[str]:
         return list(self._slots)
+
+    def send_delay(self, target: str, now: float) -> float:
+        """How long a released job must still wait before its request leaves, so that two
+        requests to ``target`` leave at least an interval apart. Releases are spaced by
+        the interval already; a request can still leave late (an event loop busy with a
+        restore, a collection) and the next on time, and the site counts the gap it sees."""
+        slot = self._slots.get(target)
+        if slot is None:
+            return 0.0
+        return max(0.0, slot.last_sent + slot.interval - now)
+
+    def sent(self, target: str, now: float) -> None:
+        """A request to ``target`` leaves now."""
+        slot = self._slots.get(target)
+        if slot is not None:
+            slot.last_sent = max(slot.last_sent, now)
 
     def evict_idle(self, now: float, idle_s: float, keep: int) -> list[tuple[str, float]]:
         """Forget targets with nothing queued, nothing in flight, not held, whose next

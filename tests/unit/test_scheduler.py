@@ -56,6 +56,25 @@ def test_late_poll_does_not_allow_a_burst() -> None:
     assert s.pop_ready(11.0, 10) == [("a", "a1")]
 
 
+def test_a_request_that_left_late_pushes_the_next_one_back() -> None:
+    """Releases are an interval apart; sends are too, even when one left late (the worker's
+    event loop was busy): the site sees the gap between the requests, not the releases."""
+    s = sched(0.5)
+    for i in range(3):
+        s.push("a", f"a{i}", now=0.0)
+    assert s.send_delay("a", 0.0) == 0.0  # nothing sent yet
+    assert s.pop_ready(0.0, 10) == [("a", "a0")]
+    s.sent("a", 0.45)  # a0 left 0.45 s after its release
+    assert s.pop_ready(0.5, 10) == [("a", "a1")]
+    assert abs(s.send_delay("a", 0.5) - 0.45) < EPS  # a1 waits until 0.95
+    s.sent("a", 0.95)
+    assert s.pop_ready(1.0, 10) == [("a", "a2")]
+    assert abs(s.send_delay("a", 1.0) - 0.45) < EPS
+    s.sent("a", 0.9)  # an older time never moves the last send back
+    assert abs(s.send_delay("a", 1.0) - 0.45) < EPS
+    assert s.send_delay("b", 1.0) == 0.0  # a target without a slot: nothing to wait for
+
+
 def test_targets_interleave_independently() -> None:
     s = sched(1.0, slow_com=5.0)
     for i in range(3):
