@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import pytest
 from fleet_helpers import (
+    Worker,
     Workers,
     create_all_topics,
     page_counts,
@@ -49,6 +50,20 @@ def _stall_env(nth: int, seconds: int) -> dict[str, str]:
     return {"CRAWLFLEET_FAULT": f"stall_commit:{nth}", "CRAWLFLEET_FAULT_STALL_S": str(seconds)}
 
 
+def _stalled_crawl(s: Settings, fleet: Callable[[Settings], Workers], site: BehaviourSite,
+                   stall_s: int) -> tuple[Workers, Worker, list[str]]:
+    """A pipeline whose fetch-0 stalls its 4th commit for ``stall_s``, crawling the site's
+    pages; returns once the stall is under way."""
+    create_all_topics(s)
+    ws = fleet(s)
+    ws.start_pipeline(fetch_0=_stall_env(4, stall_s))
+    fetch = ws.all["fetch-0"]
+    urls = [u for h in HOSTS for u in site.urls(h, PER_HOST)]
+    publish_seeds(s, urls)
+    wait_until(lambda: STALL in fetch.log(), 90, "fetch-0's commit to stall")
+    return ws, fetch, urls
+
+
 def _finish(s: Settings, ws: Workers, site: BehaviourSite, urls: list[str]) -> dict[str, int]:
     """Drain, then check every page stored once; the site's request count per page."""
     wait_drained(s, ws, 240, lambda: page_counts(s).final >= len(urls))
@@ -67,13 +82,7 @@ def test_a_stop_during_a_stalled_commit_starts_no_request(
     s = settings.replace(rate_cap=20.0)  # max_uncommitted as shipped
     port = free_port(HOSTS, 18860)
     with BehaviourSite(port, {h: Behaviour() for h in HOSTS}) as site:
-        create_all_topics(s)
-        ws = fleet(s)
-        ws.start_pipeline(fetch_0=_stall_env(4, 25))
-        fetch = ws.all["fetch-0"]
-        urls = [u for h in HOSTS for u in site.urls(h, PER_HOST)]
-        publish_seeds(s, urls)
-        wait_until(lambda: STALL in fetch.log(), 90, "fetch-0's commit to stall")
+        ws, fetch, urls = _stalled_crawl(s, fleet, site, 25)
         time.sleep(1.0)  # the stall is under way; the dispatcher keeps running
         before_stop = len(site.pages())
         os.kill(fetch.pid, signal.SIGTERM)  # a graceful stop
@@ -97,13 +106,7 @@ def test_a_commit_stalled_past_commit_stall_s_holds_new_requests(
     s = settings.replace(rate_cap=20.0)  # commit_stall_s and max_uncommitted as shipped
     port = free_port(HOSTS, 18880)
     with BehaviourSite(port, {h: Behaviour() for h in HOSTS}) as site:
-        create_all_topics(s)
-        ws = fleet(s)
-        ws.start_pipeline(fetch_0=_stall_env(4, 20))
-        fetch = ws.all["fetch-0"]
-        urls = [u for h in HOSTS for u in site.urls(h, PER_HOST)]
-        publish_seeds(s, urls)
-        wait_until(lambda: STALL in fetch.log(), 90, "fetch-0's commit to stall")
+        ws, fetch, urls = _stalled_crawl(s, fleet, site, 20)
         began = len(site.pages())
         time.sleep(s.commit_stall_s + 1.5)  # past commit_stall_s, what was in flight is in
         held_at = len(site.pages())
@@ -135,13 +138,7 @@ def test_a_stalled_commit_holds_new_requests_at_max_uncommitted(
     s = settings.replace(rate_cap=20.0, max_uncommitted=limit, commit_stall_s=60.0)
     port = free_port(HOSTS, 18870)
     with BehaviourSite(port, {h: Behaviour() for h in HOSTS}) as site:
-        create_all_topics(s)
-        ws = fleet(s)
-        ws.start_pipeline(fetch_0=_stall_env(4, 15))
-        fetch = ws.all["fetch-0"]
-        urls = [u for h in HOSTS for u in site.urls(h, PER_HOST)]
-        publish_seeds(s, urls)
-        wait_until(lambda: STALL in fetch.log(), 90, "fetch-0's commit to stall")
+        ws, fetch, urls = _stalled_crawl(s, fleet, site, 15)
         began = len(site.pages())
         time.sleep(8.0)
         during = len(site.pages()) - began
