@@ -43,6 +43,10 @@ def role_of(argv: list[str], comm: str = "") -> str:
         i = argv.index("worker")
         if i + 1 < len(argv):
             return argv[i + 1]
+    if "crawlfleet.worker_main" in argv:  # the crawl's lean start: STAGE follows the module
+        i = argv.index("crawlfleet.worker_main")
+        if i + 1 < len(argv):
+            return argv[i + 1]
     if "kafka.Kafka" in argv:
         return "broker"
     if "crawl" in argv and any("crawlfleet" in a for a in argv):

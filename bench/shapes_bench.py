@@ -482,7 +482,7 @@ def _delete_leftover_topics(data_dir: Path, console: Console) -> None:
     for prefix in prefixes:
         try:
             from core.config import load_settings
-            from crawlfleet.crawl import resolve_bootstrap
+            from crawlfleet.reach import resolve_bootstrap
             from infra.topics import delete_topics
 
             settings = load_settings(None, topic_prefix=prefix)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import sys
 from pathlib import Path
@@ -11,9 +10,6 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from core.config import (
-    Settings,
-)
 from core.errors import CrawlfleetError
 
 # The operator commands register themselves on ``app`` when imported.
@@ -189,73 +185,16 @@ def worker_cmd(stage: Annotated[str, typer.Argument(
     A broker that does not answer yet, or a store held by someone else, is waited for
     (with back-off, saying so in the log and the worker's status), never a reason to exit.
     """
-    from streams.worker import StopFlag, worker_name
+    from crawlfleet.worker_main import run_worker
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    from schemas.topics import analytics_stages, stages
     try:
         s = _settings(config, bootstrap=bootstrap, clickhouse=clickhouse,
                       data_dir=data_dir, topic_prefix=topic_prefix,
                       allow_private=allow_private, allow_hosts=allow_hosts,
                       rate_cap=rate_cap, metrics_port=metrics_port)
-        known = (*stages(), *analytics_stages())  # after the settings: stage_modules add
-        if stage not in known:
-            _error(f"unknown stage {stage!r}: " + ", ".join(known))
-            raise typer.Exit(2)
-        stop = StopFlag().install()
-        name = worker_name(stage, worker_id, s.data_dir / "workers")
-        reached = _reach_cluster(s, stop, stage, name)
-        if reached is None:
-            return  # stopped while waiting for Kafka
-        runner = _stage(stage, reached, name, stop)
-        if reached.metrics_port >= 0:
-            runner.status.metrics.serve(reached, runner.status)
-            runner.status.write(force=True)  # the port, for whoever looks for it
-        _tune_gc()
-        runner.run()
+        run_worker(stage, s, worker_id)
     except CrawlfleetError as exc:
         _fail(exc)
-
-
-def _reach_cluster(s: Settings, stop: Any, stage: str, name: str) -> Settings | None:
-    """``s`` on its cluster (as :func:`_on_cluster`) once a broker answers; None if the
-    worker was stopped while waiting. The wait shows in the worker's status file (and its
-    metrics, when served) under the worker's own name."""
-    from core.errors import InfraError
-    from streams.status import StatusFile
-    from streams.worker import wait_for_kafka
-    waiting = StatusFile(s.status_dir, stage, name)
-    if s.metrics_port >= 0:
-        waiting.metrics.serve(s, waiting)
-    try:
-        while True:
-            found = wait_for_kafka(s, stop, waiting, f"{stage} {name}")
-            if found is None:
-                waiting.remove()
-                return None
-            try:
-                return _on_cluster(found)
-            except InfraError as exc:  # the broker went away again in between
-                logging.getLogger("crawlfleet.worker").warning("%s %s: %s", stage, name, exc)
-                stop.wait(1.0)
-    finally:
-        waiting.metrics.close()  # the stage serves its own from here
-
-
-def _tune_gc() -> None:
-    """Long-running workers allocate a few dicts per record: move what start-up created out
-    of the collector's sight and collect the young generation less often."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 20)
-
-
-def _stage(stage: str, s: Settings, worker_id: str | None, stop: Any) -> Any:
-    """The worker of ``stage``: the class its topology declaration names (``entry``)."""
-    import importlib
-
-    from schemas.topics import stage_spec
-    module, _, cls = stage_spec(stage).entry.partition(":")
-    return getattr(importlib.import_module(module), cls)(s, worker_id, stop)
 
 
 # --- crawl ---------------------------------------------------------------------------------

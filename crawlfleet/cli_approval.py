@@ -24,7 +24,7 @@ from crawlfleet.cli_base import (
 
 def _control_settings(config: Path | None, bootstrap: str | None,
                       topic_prefix: str | None) -> Settings:
-    from crawlfleet.crawl import reach_kafka
+    from crawlfleet.reach import reach_kafka
     return reach_kafka(_settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix))
 
 

@@ -123,7 +123,7 @@ def _settings(config: Path | None, **overrides: Any) -> Settings:
 
 def _on_cluster(s: Settings) -> Settings:
     """``s`` for commands that use an existing cluster and its topics as they are."""
-    from crawlfleet.crawl import reach_kafka
+    from crawlfleet.reach import reach_kafka
     from infra.topics import adopt_partitions
     return adopt_partitions(reach_kafka(s))
 

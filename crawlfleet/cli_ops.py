@@ -42,7 +42,7 @@ TargetOpt = Annotated[str | None, typer.Option(
 
 def _control_settings(config: Path | None, bootstrap: str | None,
                       topic_prefix: str | None) -> Settings:
-    from crawlfleet.crawl import reach_kafka
+    from crawlfleet.reach import reach_kafka
     return reach_kafka(_settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix))
 
 

@@ -28,6 +28,8 @@ from rich.table import Table
 from core.config import TABLE_FIELDS, Secret, Settings
 from core.errors import InfraError
 from crawlfleet.health import HeldWork, StallWatch, read_held_work, stalls
+from crawlfleet.phases import Phases
+from crawlfleet.reach import resolve_bootstrap
 from infra import kafka_local
 from infra.lag import LagProbe
 from infra.store_query import run_query
@@ -35,9 +37,10 @@ from infra.topics import adopt_partitions, create_topics, delete_topics, topolog
 from producers.frontier import PublishReport, jobs_from_lines, publish
 from schemas.topics import Topology, analytics_stages, stage_spec, stages
 from streams.status import holds_work, read_statuses
-from streams.worker import kafka_answers
 
 PARTITIONS_PER_WORKER = 4
+#: Stages whose workers answer the crawl's queries (the embedded store's owner).
+STORE_STAGES = ("store",)
 IDLE_S = 1.0
 
 
@@ -97,6 +100,11 @@ class Summary:
     published_at: float = 0.0  # Unix time the seeds' publication began
     publish_seconds: float = 0.0  # seeds' publication begun → last page stored
     start_seconds: float = 0.0  # workers started → last page stored (start-up, joins)
+    first_fetch_at: float = 0.0  # Unix time of the first page fetched (of those stored)
+    last_store_at: float = 0.0  # Unix time of the last page stored
+    #: Seconds from the command's start (its module's import) to each step of the crawl:
+    #: topics, workers started, ready, published, first fetch, last store, drained, stopped.
+    phases: dict[str, float] = field(default_factory=dict)
     statuses: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -141,7 +149,7 @@ class Fleet:
     def _spawn(self, wid: str, stage: str) -> None:
         log = (self.log_dir / f"{wid}.log").open("ab")
         self.procs[wid] = subprocess.Popen(
-            [sys.executable, "-m", "crawlfleet.cli", "worker", stage, "--worker-id", wid],
+            [sys.executable, "-m", "crawlfleet.worker_main", stage, "--worker-id", wid],
             env=self._env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def heal(self) -> None:
@@ -150,10 +158,14 @@ class Fleet:
                 self.restarts += 1
                 self._spawn(wid, wid.rsplit("-", 1)[0])
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
+    def signal(self, but: tuple[str, ...] = ()) -> None:
+        """Ask every worker (but those of the stages ``but``) to stop; waits for none."""
+        for wid, p in self.procs.items():
+            if p.poll() is None and wid.rsplit("-", 1)[0] not in but:
                 p.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self.signal()
         deadline = time.monotonic() + timeout_s
         for p in self.procs.values():
             try:
@@ -161,41 +173,6 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-
-
-def resolve_bootstrap(settings: Settings, start_local: bool) -> Settings:
-    """Use the configured cluster, or the local one (starting it if asked)."""
-    if settings.bootstrap_servers:
-        return settings
-    st = kafka_local.status()
-    if st.running:
-        return settings.replace(bootstrap_servers=st.bootstrap_servers)
-    if not start_local:
-        raise InfraError("no Kafka configured and no local broker running: pass --bootstrap, "
-                         "set CRAWLFLEET_BOOTSTRAP_SERVERS, or run `crawlfleet kafka up`")
-    return settings.replace(bootstrap_servers=kafka_local.up())
-
-
-#: How long a one-shot command (publish, topics, top, pause, ...) waits for Kafka to answer
-#: before it says it cannot reach it: a live broker answers in milliseconds.
-REACH_TIMEOUT_S = 8.0
-
-
-def reach_kafka(settings: Settings, timeout_s: float = REACH_TIMEOUT_S) -> Settings:
-    """``settings`` on the cluster to use, once a broker of it answered within ``timeout_s``.
-
-    One-shot commands call this first, so an unreachable broker is one clear error with its
-    fix, not a minute of librdkafka retrying and a misleading result. Workers wait instead
-    (:func:`streams.worker.wait_for_kafka`).
-    """
-    settings = resolve_bootstrap(settings, start_local=False)
-    reason = kafka_answers(settings, timeout_s)
-    if reason is not None:
-        raise InfraError(f"cannot reach Kafka at {settings.bootstrap_servers} within "
-                         f"{timeout_s:.0f} s ({reason}): start the local broker with "
-                         "`crawlfleet kafka up`, or point --bootstrap (or "
-                         "CRAWLFLEET_BOOTSTRAP_SERVERS) at a running cluster")
-    return settings
 
 
 def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
@@ -213,10 +190,12 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
     (:func:`hold_data_dir`).
     """
     console = console or Console(stderr=True)
+    phases = Phases()
     if not settings.bootstrap_servers and not kafka_local.status().running:
         console.print("no Kafka configured and the local broker is not running: starting it "
                       "(`crawlfleet kafka up`; `crawlfleet kafka down` stops it)")
     settings = resolve_bootstrap(settings, start_local=True)
+    phases.mark("broker")
     seeds = list(seeds)
     if settings.scope == "seeds" and not settings.allowed_targets:
         settings = settings.replace(allowed_targets=_seed_targets(seeds, settings))
@@ -229,7 +208,8 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
         settings = adopt_partitions(settings)
         created = [name for name, how in create_topics(settings, fresh=ephemeral).items()
                    if how == "created"]
-        summary = _crawl(settings, seeds, plan, console, timeout_s)
+        phases.mark("topics")
+        summary = _crawl(settings, seeds, plan, console, timeout_s, phases)
         if ephemeral and not keep_topics:
             try:
                 summary.topics_deleted = len(delete_topics(settings, topics=created))
@@ -239,30 +219,45 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
                 console.print(f"[yellow]timed out: this run's topics ({settings.topic_prefix}*) "
                               "were deleted; to resume a crawl later, run it with --keep-topics "
                               "and then again with the same --topic-prefix")
+    phases.mark("ended")
+    summary.phases = phases.marks
     return summary
 
 
 def _crawl(settings: Settings, seeds: list[str], plan: Plan, console: Console,
-           timeout_s: float | None) -> Summary:
-    """Start the fleet on provisioned topics, publish, watch until drained; stop the fleet."""
+           timeout_s: float | None, phases: Phases) -> Summary:
+    """Start the fleet on provisioned topics, publish, watch until drained; stop the fleet.
+
+    The seeds are published while the workers start (their groups read from the earliest
+    offset), so the first request goes out as soon as the fetch group has joined. Once
+    drained, every worker but the store's is told to stop while the summary is read from
+    the store, which is stopped last."""
     fleet = Fleet(settings, plan, settings.data_dir / "logs" / settings.topic_prefix.rstrip("."))
     started = time.monotonic()
     start_wall = time.time()
     fleet.start()
+    phases.mark("workers_started")
     try:
-        wait_ready(settings, fleet)
         published_wall = time.time()
         report = publish(seeds, settings)
+        phases.mark("published")
         for line, reason in report.errors:
             console.print(f"seed line {line}: {reason}", style="yellow", markup=False)
         if report.profile_warning():
             console.print(f"seeds: {report.profile_warning()}", style="yellow", markup=False)
         drained = _watch(settings, fleet, console, timeout_s, started)
+        phases.mark("drained" if drained else "timed_out")
         elapsed = time.monotonic() - started
-        return _summarise(settings, report, start_wall, elapsed, drained, fleet,
-                          published_wall)
+        fleet.signal(but=STORE_STAGES)
+        summary = _summarise(settings, report, start_wall, elapsed, drained, fleet,
+                             published_wall)
+        if summary.pages_stored:
+            phases.mark_wall("first_fetch", summary.first_fetch_at)
+            phases.mark_wall("last_store", summary.last_store_at)
+        return summary
     finally:
         fleet.stop()
+        phases.mark("stopped")
 
 
 def one_off_prefix() -> str:
@@ -409,18 +404,23 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
            started: float) -> bool:
     """Show progress until drained (True) or ``timeout_s`` (False).
 
-    Drained is decided by the broker, not the gauges alone: once every worker has been calm
-    for a second, the parked and timer changelogs are read (then again every
-    ``HELD_RECHECK_S`` while calm), and only both empty and settled count as drained.
-    A stage with lag and no serving worker is shown as stalled, with why.
+    Drained is decided by the broker: every stage's group has committed to the end of its
+    inputs, the parked and timer changelogs hold no live entry and no open transaction,
+    and a second look at the offsets, taken after the changelogs were read, finds every
+    end offset where the first look found it (one look is not a snapshot: a transaction
+    committing between the reads of two topics could hide its records). The workers'
+    gauges must also hold nothing, a necessary check, never a sufficient one. Once the
+    offsets read zero lag the loop looks every ``QUICK_TICK_S``, so a drained crawl is
+    known within a fraction of a second. A stage with lag and no serving worker is shown
+    as stalled, with why.
     """
     topo = topology_of(settings)
     probe = LagProbe(settings)
-    calm_since: float | None = None
     stall_watch = StallWatch()
     held: HeldWork | None = None
     held_note = ""
     held_at = -HELD_RECHECK_S
+    quiet = False
     # A terminal gets a live table; a pipe or a file gets a plain line every few seconds.
     live = Live(console=console, refresh_per_second=4, transient=False) \
         if console.is_terminal else contextlib.nullcontext()
@@ -429,24 +429,26 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
     try:
         with live:
             while True:
-                time.sleep(0.5)
+                time.sleep(QUICK_TICK_S if quiet else TICK_S)
                 fleet.heal()
                 statuses = read_statuses(settings.status_dir)
                 lags = probe.stage_lags(topo)
+                ends = dict(probe.ends)
                 now = time.monotonic()
                 stalled = stall_watch.update(stalls(lags, statuses), now)
-                calm = _calm(statuses, lags, fleet, topo.partitions)
-                if calm:
-                    calm_since = calm_since or now
-                else:
-                    calm_since, held = None, None
-                if calm_since is not None and now - calm_since >= 1.0 \
-                        and now - held_at >= HELD_RECHECK_S:
+                quiet = _calm(statuses, lags, fleet, topo.partitions)
+                drained = False
+                if not quiet:
+                    held = None
+                elif held is None or held.empty or now - held_at >= HELD_RECHECK_S:
                     held_at = now
                     try:
                         held, held_note = read_held_work(settings), ""
                     except InfraError as exc:
                         held, held_note = None, f"changelogs unreadable: {exc}"
+                    if held is not None and held.empty:
+                        again = probe.stage_lags(topo)
+                        drained = all(v == 0 for v in again.values()) and probe.ends == ends
                 notes = list(stalled.values()) + refusals(statuses)
                 if held is not None and not held.empty:
                     notes.append(f"not drained, the broker holds: {held.describe()}")
@@ -458,7 +460,7 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
                     last_line = now  # and at once when what holds the crawl changes
                     console.print(_progress_line(statuses, lags, now - started, notes))
                 shown = notes
-                if held is not None and held.empty and calm_since is not None:
+                if drained:
                     return True
                 if timeout_s is not None and time.monotonic() - started > timeout_s:
                     return False
@@ -466,16 +468,21 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
         probe.close()
 
 
+#: How often the crawl looks at its pipeline while work is under way, and once every
+#: stage's lag reads zero.
+TICK_S = 0.5
+QUICK_TICK_S = 0.1
 #: While the gauges say calm but the broker holds work, the changelogs are read this often.
 HELD_RECHECK_S = 2.0
 
 
 def _calm(statuses: list[dict[str, Any]], lags: dict[str, int], fleet: Fleet,
           partitions: int) -> bool:
-    """Every stage idle with nothing held by its gauges, and no stage behind its input.
+    """No stage behind its input, and no worker's gauges holding work or waiting.
 
     Necessary, not sufficient: ``_watch`` also requires the parked and timer changelogs
-    empty and settled on the broker (:func:`crawlfleet.health.read_held_work`)."""
+    empty and settled on the broker (:func:`crawlfleet.health.read_held_work`) and the
+    offsets unchanged across them."""
     expected = sum(fleet.plan.counts().values())
     # Analytics (the quarantine app) is never waited on: its lag is no work of the crawl.
     statuses = [s for s in statuses if s.get("stage") not in analytics_stages()]
@@ -483,7 +490,7 @@ def _calm(statuses: list[dict[str, Any]], lags: dict[str, int], fleet: Fleet,
         return False
     for s in statuses:
         g = s.get("gauges", {})
-        if s.get("idle_s", 0) < IDLE_S or holds_work(g) or s.get("waiting"):
+        if holds_work(g) or s.get("waiting"):
             return False
     return all(v == 0 for v in lags.values())
 
@@ -529,13 +536,14 @@ def _summarise(settings: Settings, report: PublishReport, start_wall: float, ela
     since = f"toDateTime64({start_wall - 1:.3f}, 3, 'UTC')"
     # Values interpolated below are a float and a validated topic prefix, never user text.
     prefix = settings.topic_prefix
-    pages_sql = f"SELECT count(), countIf(status BETWEEN 200 AND 299), dateDiff('millisecond', min(fetched_at), max(stored_at)), toUnixTimestamp64Milli(max(stored_at)) FROM pages FINAL WHERE stored_at >= {since}"  # noqa: E501, S608
+    pages_sql = f"SELECT count(), countIf(status BETWEEN 200 AND 299), dateDiff('millisecond', min(fetched_at), max(stored_at)), toUnixTimestamp64Milli(max(stored_at)), toUnixTimestamp64Milli(min(fetched_at)) FROM pages FINAL WHERE stored_at >= {since}"  # noqa: E501, S608
     dead_sql = f"SELECT reason, count() FROM dead_letters FINAL WHERE startsWith(source_topic, '{prefix}') GROUP BY reason ORDER BY reason"  # noqa: E501, S608
     err_sql = f"SELECT reason, count() FROM fetch_events FINAL WHERE ts >= {since} AND outcome != 'ok' GROUP BY reason ORDER BY reason"  # noqa: E501, S608
     hint_sql = f"SELECT target, any(error) FROM dead_letters FINAL WHERE startsWith(source_topic, '{prefix}') AND reason = 'address_not_allowed' GROUP BY target ORDER BY target"  # noqa: E501, S608
     _, rows = run_query(settings, pages_sql)
     pages, ok, window_ms = int(rows[0][0]), int(rows[0][1]), int(rows[0][2] or 0)
     last_stored = int(rows[0][3] or 0) / 1000.0 if pages else 0.0
+    first_fetched = int(rows[0][4] or 0) / 1000.0 if pages else 0.0
     _, dead_rows = run_query(settings, dead_sql)
     _, err_rows = run_query(settings, err_sql)
     dead = {str(r): int(n) for r, n in dead_rows}
@@ -554,7 +562,8 @@ def _summarise(settings: Settings, report: PublishReport, start_wall: float, ela
         address_hints={str(t): str(e) for t, e in hint_rows},
         published_at=round(published_wall, 3),
         publish_seconds=round(max(0.0, last_stored - published_wall), 3),
-        start_seconds=round(max(0.0, last_stored - start_wall), 3))
+        start_seconds=round(max(0.0, last_stored - start_wall), 3),
+        first_fetch_at=first_fetched, last_store_at=last_stored)
 
 
 def print_summary(summary: Summary, console: Console) -> None:

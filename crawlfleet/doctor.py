@@ -289,7 +289,7 @@ def seen_retention_ms(s: Settings) -> int | None:
     from confluent_kafka.admin._config import ConfigResource  # not re-exported for mypy
 
     from core.errors import InfraError
-    from crawlfleet.crawl import resolve_bootstrap
+    from crawlfleet.reach import resolve_bootstrap
     from infra.topics import topology_of
 
     s = resolve_bootstrap(s, start_local=False)
@@ -306,7 +306,7 @@ def seen_retention_ms(s: Settings) -> int | None:
 
 def kafka_check(s: Settings) -> Check:
     """Whether the configured (or local) Kafka answers: the first thing a stalled fleet needs."""
-    from crawlfleet.crawl import reach_kafka
+    from crawlfleet.reach import reach_kafka
     try:
         where = reach_kafka(s).bootstrap_servers
     except CrawlfleetError as exc:

@@ -23,6 +23,9 @@ class LagProbe:
         self._settings = settings
         self._consumers: dict[str, Consumer] = {}
         self._admin: AdminClient | None = None
+        #: The end offset of every partition read by the last call, (topic, partition) →
+        #: offset: two calls that read the same ends saw no record added in between.
+        self.ends: dict[tuple[str, int], int] = {}
 
     def lag(self, group: str, topics: list[str], partitions: int) -> int:
         """Records not yet committed by ``group`` (transaction markers count as one each)."""
@@ -43,6 +46,7 @@ class LagProbe:
         try:
             committed = c.committed(tps, timeout=10)
             high = self._offsets({(tp.topic, tp.partition) for tp in tps}, OffsetSpec.latest())  # type: ignore[no-untyped-call]
+            self.ends.update(high)
             # A group that never committed starts from the earliest offset still kept.
             unset = {(tp.topic, tp.partition) for tp in committed if tp.offset < 0}
             low = self._offsets(unset, OffsetSpec.earliest()) if unset else {}  # type: ignore[no-untyped-call]
@@ -57,6 +61,7 @@ class LagProbe:
 
     def stage_lags(self, topology: Topology) -> dict[str, int]:
         """Queue depth of every stage (its group's lag on its inputs), by stage name."""
+        self.ends = {}
         return {stage: self.lag(topology.group(stage), topology.inputs(stage),
                                 topology.partitions) for stage in stages()}
 

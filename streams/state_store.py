@@ -49,7 +49,7 @@ from rocksdict import DBCompressionType, Options, Rdict, WriteBatch, WriteOption
 
 from core.config import Settings
 from core.errors import InfraError
-from infra.live_state import high_watermarks
+from infra.live_state import high_watermarks, log_offsets
 from streams.io import consume_ready, tp_of
 
 log = logging.getLogger("crawlfleet.state")
@@ -110,8 +110,27 @@ def tail_changelog(settings: Settings, name: str, topic: str, partitions: list[i
     admin = AdminClient(settings.kafka_common())
     pending = set(partitions)
     try:
-        starts = {p: start_of(consumer, p) for p in partitions}
-        consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
+        # Every partition's log start and end in one request each (a new client's first
+        # per-partition watermark queries cost tens of ms apiece on a busy machine).
+        try:
+            high = high_watermarks(settings, topic, sorted(partitions), 5.0, admin)
+            low = log_offsets(settings, topic, sorted(partitions), 5.0, admin, earliest=True)
+        except InfraError:
+            high, low = {}, {}
+        marks = _KnownWatermarks(consumer, topic, low, high)
+        starts = {p: start_of(marks, p) for p in partitions}  # type: ignore[arg-type]
+        # A partition whose start is its high watermark (nothing ever written, or read to
+        # the end before) has nothing to read and no open transaction: done without a
+        # fetch (most partitions of a new crawl, each an end-of-partition wait otherwise).
+        done = {p: o for p, o in starts.items()
+                if p in high and (o == high[p] or (high[p] == 0 and o < 0))}
+        if done:
+            apply({}, {p: high[p] for p in done})
+            pending -= set(done)
+        if not pending:
+            return pending
+        consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()
+                         if p not in done])
         deadline = time.monotonic() + timeout_s
         at_lso: dict[int, int] = {}  # partitions read to their last stable offset
         while pending and time.monotonic() < deadline:
@@ -141,6 +160,22 @@ def tail_changelog(settings: Settings, name: str, topic: str, partitions: list[i
     finally:
         consumer.close()
     return pending
+
+
+class _KnownWatermarks:
+    """``get_watermark_offsets`` answered from watermarks already read (the consumer asks
+    the broker for any partition not among them)."""
+
+    def __init__(self, consumer: Consumer, topic: str, low: dict[int, int],
+                 high: dict[int, int]) -> None:
+        self._consumer, self._topic, self._low, self._high = consumer, topic, low, high
+
+    def get_watermark_offsets(self, tp: TopicPartition, timeout: float) -> tuple[int, int]:
+        p = tp.partition
+        if tp.topic == self._topic and p in self._low and p in self._high:
+            return self._low[p], self._high[p]
+        marks: tuple[int, int] = self._consumer.get_watermark_offsets(tp, timeout=timeout)
+        return marks
 
 
 def _settled(settings: Settings, admin: AdminClient, consumer: Consumer, topic: str,

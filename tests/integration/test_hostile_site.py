@@ -83,8 +83,11 @@ class PeakRSS:
                     rss = int(stat[21]) * os.sysconf("SC_PAGE_SIZE")
                 except (OSError, IndexError, ValueError):
                     continue
-                if b"worker" in args:
-                    stage = args[args.index(b"worker") + 1].decode()
+                # `crawlfleet worker STAGE` or the crawl's `-m crawlfleet.worker_main STAGE`
+                mark = next((m for m in (b"worker", b"crawlfleet.worker_main") if m in args),
+                            None)
+                if mark is not None:
+                    stage = args[args.index(mark) + 1].decode()
                     self.peak[stage] = max(self.peak.get(stage, 0), rss)
 
     def __enter__(self) -> PeakRSS:

@@ -17,6 +17,7 @@ def test_roles_from_command_lines() -> None:
     py = "/usr/bin/python3"
     assert role_of([py, "-m", "crawlfleet.cli", "worker", "fetch", "--worker-id", "f1"]) == "fetch"
     assert role_of([py, "-m", "crawlfleet.cli", "worker", "quarantine"]) == "quarantine"
+    assert role_of([py, "-m", "crawlfleet.worker_main", "parse", "--worker-id", "p"]) == "parse"
     assert role_of(["java", "-Xmx512m", "kafka.Kafka", "server.properties"]) == "broker"
     assert role_of(["/venv/bin/crawlfleet", "crawl", "seeds.txt"]) == "crawl"
     assert role_of(["/usr/bin/scrapy", "runspider"], "scrapy") == "scrapy"
