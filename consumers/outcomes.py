@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypedDict, cast
 
 from consumers.classify import Signal, Verdict, classify_status
@@ -100,8 +100,10 @@ class OutcomeRules:
                 "redirects": resp.redirects, "worker": self.worker, **self.versions}
             result = self.enc.record(self.topology.fetched, pj.target, pj.key.encode(), page)
             label = "blocked" if outcome.blocked else "ok"
-            return Result([result, self.event(pj, resp.status, label, outcome.reason, started,
-                                              len(resp.body))],
+            event = self.event(pj, resp.status, label, outcome.reason, started, len(resp.body))
+            # A block's event also goes to the quarantine app's own input (same bytes).
+            blocks = [replace(event, topic=self.topology.blocks)] if outcome.blocked else []
+            return Result([result, event, *blocks],
                           (DONE, job["attempt"]), outcome.signal, outcome=label,
                           reason=outcome.reason)
         if outcome.verdict is Verdict.RETRY:

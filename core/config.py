@@ -16,6 +16,7 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -440,8 +441,14 @@ TABLE_FIELDS = frozenset({"profiles", "egress"})
 RESERVED_ENV = frozenset({"CONFIG", "FAULT", "FAULT_STALL_S", "HOME", "KAFKA_JARS", "CLOCK_SKEW_S"})
 
 
+@lru_cache(maxsize=1)
+def _settings_hints() -> dict[str, Any]:
+    """Settings' field types, resolved once (each resolution evaluates every annotation)."""
+    return get_type_hints(Settings)
+
+
 def _coerce_field(name: str, value: Any, source: str | None = None) -> Any:
-    hints = get_type_hints(Settings)
+    hints = _settings_hints()
     if name not in hints:
         raise ConfigError(f"unknown setting {name!r}")
     if name in TABLE_FIELDS:

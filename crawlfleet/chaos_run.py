@@ -43,7 +43,7 @@ from crawlfleet.chaos_audit import (
     wait_for_store,
 )
 from crawlfleet.chaos_report import ChaosReport, FaultRecord, Kill
-from crawlfleet.crawl import Fleet, Plan, wait_ready
+from crawlfleet.crawl import wait_ready
 from crawlfleet.drain import DrainCheck, broker_state
 from crawlfleet.evidence import keep_evidence, stuck_notes
 from crawlfleet.exposure import Exposure, repeats_by_fault
@@ -69,6 +69,7 @@ from crawlfleet.fault_plan import (
     StageCycle,
     stateful_stages,
 )
+from crawlfleet.fleet import Fleet, Plan
 from crawlfleet.loss_check import check_run
 from infra.topics import create_topics, topology_of
 from producers.frontier import PublishReport, jobs_from_lines, publish

@@ -232,12 +232,13 @@ def crawl_cmd(seeds: Annotated[str, typer.Argument(
               ) -> None:
     """Crawl from SEEDS with every stage as its own process; stop when drained."""
     from crawlfleet import crawl
+    from crawlfleet.fleet import Plan
     try:
         s = _settings(config, bootstrap=bootstrap, clickhouse=clickhouse, data_dir=data_dir,
                       topic_prefix=topic_prefix, allow_private=allow_private or None,
                       allow_hosts=allow_hosts, rate_cap=rate_cap, max_depth=max_depth,
                       scope=scope)
-        plan = crawl.Plan(fetch_workers=fetch_workers, parse_workers=parse_workers)
+        plan = Plan(fetch_workers=fetch_workers, parse_workers=parse_workers)
         lines = sys.stdin.readlines() if seeds == "-" else \
             Path(seeds).read_text(encoding="utf-8", errors="replace").splitlines()
         summary = crawl.run_crawl(s, lines, plan, console=err_console, timeout_s=timeout,
@@ -283,13 +284,14 @@ def demo_cmd(port: Annotated[int, typer.Option(
                  "crawler's default is 2.0).")] = 5.0) -> None:
     """Serve the demo site, crawl it end to end, and show what was stored."""
     from crawlfleet import crawl
+    from crawlfleet.fleet import Plan
     from infra.store_query import run_query
     from sites.demo_site import DemoSite, demo_spec
     spec = demo_spec(port)
     try:
         s = _settings(None, data_dir=data_dir, allow_private=True, rate_cap=rate_cap)
         with DemoSite(spec) as site:
-            summary = crawl.run_crawl(s, spec.seeds(), crawl.Plan(), console=err_console,
+            summary = crawl.run_crawl(s, spec.seeds(), Plan(), console=err_console,
                                       timeout_s=600)
             crawl.print_summary(summary, console)
             console.print(f"the demo site answered {site.hits()} requests")

@@ -1,8 +1,7 @@
 """The all-in-one crawl: local infra, topics, one process per stage, progress, summary.
 
-Stages run as separate processes exactly as a deployment runs them (``crawlfleet worker
-STAGE``), so the all-in-one exercises the real pipeline. A stage process that dies is
-restarted with the same worker id, which fences its former self.
+Stages run as separate processes exactly as a deployment runs them
+(:mod:`crawlfleet.fleet`), so the all-in-one exercises the real pipeline.
 """
 
 from __future__ import annotations
@@ -12,12 +11,9 @@ import fcntl
 import json
 import os
 import secrets
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +21,13 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from core.config import TABLE_FIELDS, Secret, Settings
+from core.config import Settings
 from core.errors import InfraError
+
+# Fleet, Plan and settings_env lived here first: re-exported for their many users.
+from crawlfleet.fleet import PARTITIONS_PER_WORKER as PARTITIONS_PER_WORKER
+from crawlfleet.fleet import STORE_STAGES, Fleet, Plan
+from crawlfleet.fleet import settings_env as settings_env
 from crawlfleet.health import HeldWork, StallWatch, read_held_work, stalls
 from crawlfleet.phases import Phases
 from crawlfleet.reach import resolve_bootstrap
@@ -35,46 +36,10 @@ from infra.lag import LagProbe
 from infra.store_query import run_query
 from infra.topics import adopt_partitions, create_topics, delete_topics, topology_of
 from producers.frontier import PublishReport, jobs_from_lines, publish
-from schemas.topics import Topology, analytics_stages, stage_spec, stages
+from schemas.topics import Topology, analytics_stages, stage_spec
 from streams.status import holds_work, read_statuses
 
-PARTITIONS_PER_WORKER = 4
-#: Stages whose workers answer the crawl's queries (the embedded store's owner).
-STORE_STAGES = ("store",)
 IDLE_S = 1.0
-
-
-@dataclass(frozen=True)
-class Plan:
-    fetch_workers: int = 1
-    parse_workers: int = 1
-    retry_workers: int = 1
-    store_workers: int = 1  # embedded chDB allows exactly one store process
-
-    #: Workers of each stage declared in ``stage_modules`` (the topology's others).
-    other_workers: int = 1
-    #: Quarantine apps (faust; analytics: started and restarted, never waited on).
-    quarantine_workers: int = 1
-
-    def counts(self) -> dict[str, int]:
-        """Workers per stage, every stage of the topology (the pipeline's and declared)."""
-        own = {"fetch": self.fetch_workers, "parse": self.parse_workers,
-               "store": self.store_workers, "retry": self.retry_workers}
-        return {stage: own.get(stage, self.other_workers) for stage in stages()}
-
-    def processes(self) -> dict[str, int]:
-        """Workers per stage to start: :meth:`counts` and the analytics stages."""
-        extra = {"quarantine": self.quarantine_workers}
-        return {**self.counts(), **{st: extra.get(st, 1) for st in analytics_stages()}}
-
-    def partitions(self) -> int:
-        """Partitions for topics that only this plan's processes will ever consume.
-
-        A partition is a group's unit of parallelism, and every transaction costs the broker
-        a produce request and a verification per partition it touches; four per worker of
-        the largest stage leave room to rebalance a dead worker's share evenly.
-        """
-        return PARTITIONS_PER_WORKER * max(self.counts().values())
 
 
 @dataclass
@@ -106,73 +71,6 @@ class Summary:
     #: topics, workers started, ready, published, first fetch, last store, drained, stopped.
     phases: dict[str, float] = field(default_factory=dict)
     statuses: list[dict[str, Any]] = field(default_factory=list)
-
-
-def settings_env(settings: Settings) -> dict[str, str]:
-    """CRAWLFLEET_* variables that recreate ``settings`` in a child process."""
-    env: dict[str, str] = {}
-    for f in fields(Settings):
-        v = getattr(settings, f.name)
-        if isinstance(v, Secret):
-            v = v.get()
-        elif f.name in TABLE_FIELDS:  # tables of tables travel as JSON
-            v = json.dumps(v)
-        elif isinstance(v, tuple):
-            v = ",".join(str(i) for i in v)
-        elif isinstance(v, dict):
-            sep = "|" if any(isinstance(x, str) for x in v.values()) else ","
-            v = sep.join(f"{k}={x}" for k, x in v.items())
-        elif isinstance(v, bool):
-            v = "true" if v else "false"
-        env[f"CRAWLFLEET_{f.name.upper()}"] = str(v)
-    return env
-
-
-class Fleet:
-    """The stage processes of one crawl; restarts any that die unexpectedly."""
-
-    def __init__(self, settings: Settings, plan: Plan, log_dir: Path) -> None:
-        self.settings = settings
-        self.plan = plan
-        self.log_dir = log_dir
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.restarts = 0
-        self._env = {**os.environ, **settings_env(settings)}
-        self._env.pop("CRAWLFLEET_CONFIG", None)
-
-    def start(self) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        for stage, n in self.plan.processes().items():
-            for i in range(n):
-                self._spawn(f"{stage}-{i}", stage)
-
-    def _spawn(self, wid: str, stage: str) -> None:
-        log = (self.log_dir / f"{wid}.log").open("ab")
-        self.procs[wid] = subprocess.Popen(
-            [sys.executable, "-m", "crawlfleet.worker_main", stage, "--worker-id", wid],
-            env=self._env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-    def heal(self) -> None:
-        for wid, p in list(self.procs.items()):
-            if p.poll() is not None:
-                self.restarts += 1
-                self._spawn(wid, wid.rsplit("-", 1)[0])
-
-    def signal(self, but: tuple[str, ...] = ()) -> None:
-        """Ask every worker (but those of the stages ``but``) to stop; waits for none."""
-        for wid, p in self.procs.items():
-            if p.poll() is None and wid.rsplit("-", 1)[0] not in but:
-                p.send_signal(signal.SIGTERM)
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        self.signal()
-        deadline = time.monotonic() + timeout_s
-        for p in self.procs.values():
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
 
 
 def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,

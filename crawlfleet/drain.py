@@ -17,7 +17,8 @@ from typing import Any
 
 from core.config import Settings
 from core.errors import InfraError
-from crawlfleet.crawl import IDLE_S, Fleet
+from crawlfleet.crawl import IDLE_S
+from crawlfleet.fleet import Fleet
 from infra.lag import LagProbe
 from infra.live_state import LiveEntries, live_entries
 from schemas.topics import Topology, analytics_stages, stage_spec, stages

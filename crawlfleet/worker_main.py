@@ -11,8 +11,11 @@ second sooner on two busy cores, and every crawl starts five of them at once.
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 from core.config import Settings, load_settings
@@ -86,26 +89,53 @@ def _stage(stage: str, s: Settings, worker_id: str | None, stop: Any) -> Any:
     return getattr(importlib.import_module(module), cls)(s, worker_id, stop)
 
 
-USAGE = "usage: python -m crawlfleet.worker_main STAGE [--worker-id ID]"
+def await_fetch_join(status_dir: Path, limit_s: float) -> None:
+    """Return once a fetch worker's status says it has joined its group, or after
+    ``limit_s`` (a late stage's deferred start: see ``crawlfleet.crawl.LATE_STAGES``)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        for path in status_dir.glob("fetch-*.json"):
+            try:
+                if json.loads(path.read_text()).get("rebalances", 0) > 0:
+                    return
+            except (OSError, ValueError, AttributeError):
+                continue  # being written, or not a status
+        time.sleep(0.05)
+
+
+USAGE = "usage: python -m crawlfleet.worker_main STAGE [--worker-id ID] [--defer-s SECONDS]"
+
+
+def _option(args: list[str], name: str) -> tuple[str | None, bool]:
+    """(value of ``name``, ok), removing it from ``args``; not ok if it has no value."""
+    if name not in args:
+        return None, True
+    at = args.index(name)
+    if at + 1 >= len(args):
+        return None, False
+    value = args[at + 1]
+    del args[at:at + 2]
+    return value, True
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: 0 when stopped, 2 on bad arguments or a fatal error (said on stderr)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    worker_id: str | None = None
-    if "--worker-id" in args:
-        at = args.index("--worker-id")
-        if at + 1 >= len(args):
-            print(USAGE, file=sys.stderr)
-            return 2
-        worker_id = args[at + 1]
-        del args[at:at + 2]
-    if len(args) != 1 or args[0].startswith("-"):
+    worker_id, ok_id = _option(args, "--worker-id")
+    defer, ok_defer = _option(args, "--defer-s")
+    try:
+        defer_s = float(defer) if defer is not None else 0.0
+    except ValueError:
+        ok_defer = False
+    if not (ok_id and ok_defer) or len(args) != 1 or args[0].startswith("-"):
         print(USAGE, file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        run_worker(args[0], load_settings(), worker_id)
+        settings = load_settings()
+        if defer_s > 0:
+            await_fetch_join(settings.status_dir, defer_s)
+        run_worker(args[0], settings, worker_id)
     except CrawlfleetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

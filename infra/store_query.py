@@ -37,6 +37,9 @@ from infra.clickhouse import (
     log,
 )
 
+#: How often the query server's loop checks whether it was asked to shut down.
+SHUTDOWN_POLL_S = 0.05
+
 
 class QueryServer:
     """Serves read queries of the store's owner process on 127.0.0.1 (embedded mode only).
@@ -84,7 +87,10 @@ class QueryServer:
                 return
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        # shutdown() waits for the serving loop to look at its flag, at most this often:
+        # the default 0.5 s was most of the time a drained crawl spent stopping its store.
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
+                                        kwargs={"poll_interval": SHUTDOWN_POLL_S},
                                         name="store-query-server")
 
     def start(self) -> None:

@@ -1,9 +1,10 @@
 """The quarantine app: faust-streaming over the fetch events, issuing quarantines.
 
-``crawlfleet worker quarantine`` runs it. Input: ``crawl.telemetry`` (one FetchEvent per
-attempt, partitioned by target, so one target's counts live in one partition and one
-member). State: one faust table (``counts``, keyed by target, values the
-``QuarantineCounts`` Avro record), whose compacted changelog the topology declares with
+``crawlfleet worker quarantine`` runs it. Input: ``crawl.blocks`` (the FetchEvent of each
+blocked attempt, which ``crawl.telemetry`` carries too with every other attempt's;
+partitioned by target, so one target's counts live in one partition and one member).
+State: one faust table (``counts``, keyed by target, values the ``QuarantineCounts`` Avro
+record), whose compacted changelog the topology declares with
 the app id (``{prefix}crawlfleet-quarantine``) like every other topic: faust creates no
 topic itself (``topic_allow_declare`` off, no leader topic). Output: a quarantine record on
 ``crawl.control`` (compacted by ``quarantine:SCOPE:TARGET|NAME``) and its row for the store
@@ -153,7 +154,7 @@ class QuarantineWorker:
                                schema=raw)
         assert table.changelog_topic_name == topo.quarantine_changelog, \
             table.changelog_topic_name
-        source = app.topic(topo.telemetry, key_type=bytes, value_type=bytes,
+        source = app.topic(topo.blocks, key_type=bytes, value_type=bytes,
                            key_serializer="raw", value_serializer="raw",
                            partitions=topo.partitions)
 

@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -49,7 +49,7 @@ from rocksdict import DBCompressionType, Options, Rdict, WriteBatch, WriteOption
 
 from core.config import Settings
 from core.errors import InfraError
-from infra.live_state import high_watermarks, log_offsets
+from infra.live_state import high_watermarks
 from streams.io import consume_ready, tp_of
 
 log = logging.getLogger("crawlfleet.state")
@@ -110,15 +110,14 @@ def tail_changelog(settings: Settings, name: str, topic: str, partitions: list[i
     admin = AdminClient(settings.kafka_common())
     pending = set(partitions)
     try:
-        # Every partition's log start and end in one request each (a new client's first
-        # per-partition watermark queries cost tens of ms apiece on a busy machine).
+        # Watermarks as a read_uncommitted client sees them: the high one counts records of
+        # a transaction still open, so a start at it has nothing after it, settled or not.
+        marks = _RecordedWatermarks(Consumer({**conf, "isolation.level": "read_uncommitted"}))
         try:
-            high = high_watermarks(settings, topic, sorted(partitions), 5.0, admin)
-            low = log_offsets(settings, topic, sorted(partitions), 5.0, admin, earliest=True)
-        except InfraError:
-            high, low = {}, {}
-        marks = _KnownWatermarks(consumer, topic, low, high)
-        starts = {p: start_of(marks, p) for p in partitions}  # type: ignore[arg-type]
+            starts = {p: start_of(cast(Consumer, marks), p) for p in partitions}
+        finally:
+            marks.close()
+        high = marks.high
         # A partition whose start is its high watermark (nothing ever written, or read to
         # the end before) has nothing to read and no open transaction: done without a
         # fetch (most partitions of a new crawl, each an end-of-partition wait otherwise).
@@ -162,20 +161,20 @@ def tail_changelog(settings: Settings, name: str, topic: str, partitions: list[i
     return pending
 
 
-class _KnownWatermarks:
-    """``get_watermark_offsets`` answered from watermarks already read (the consumer asks
-    the broker for any partition not among them)."""
+class _RecordedWatermarks:
+    """A consumer's ``get_watermark_offsets``, each answer's high watermark kept."""
 
-    def __init__(self, consumer: Consumer, topic: str, low: dict[int, int],
-                 high: dict[int, int]) -> None:
-        self._consumer, self._topic, self._low, self._high = consumer, topic, low, high
+    def __init__(self, consumer: Consumer) -> None:
+        self._consumer = consumer
+        self.high: dict[int, int] = {}
 
     def get_watermark_offsets(self, tp: TopicPartition, timeout: float) -> tuple[int, int]:
-        p = tp.partition
-        if tp.topic == self._topic and p in self._low and p in self._high:
-            return self._low[p], self._high[p]
-        marks: tuple[int, int] = self._consumer.get_watermark_offsets(tp, timeout=timeout)
-        return marks
+        low, high = self._consumer.get_watermark_offsets(tp, timeout=timeout)
+        self.high[tp.partition] = int(high)
+        return int(low), int(high)
+
+    def close(self) -> None:
+        self._consumer.close()
 
 
 def _settled(settings: Settings, admin: AdminClient, consumer: Consumer, topic: str,

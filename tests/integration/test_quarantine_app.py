@@ -61,7 +61,7 @@ class Telemetry:
     def txn(self, events: list[FetchEvent], commit: bool = True) -> None:
         self.p.begin_transaction()
         for e in events:
-            out = self.enc.record(self.topo.telemetry, e["target"], e["url"].encode(), e)
+            out = self.enc.record(self.topo.blocks, e["target"], e["url"].encode(), e)
             assert out.value is not None
             self.p.produce(out.topic, out.value, out.key, partition=out.partition,
                            headers=out.headers)

@@ -176,7 +176,7 @@ def test_every_stage_declares_its_inputs_once() -> None:
     assert topo.inputs("parse") == [topo.fetched]
     assert topo.inputs("store") == [topo.parsed, topo.telemetry, topo.dead, topo.lineage,
                                     topo.quarantines]
-    assert topo.inputs("quarantine") == [topo.telemetry]  # analytics: not in STAGES
+    assert topo.inputs("quarantine") == [topo.blocks]  # analytics: not in STAGES
     assert topo.inputs("retry") == topo.retry_topics
     names = {s.name for s in topo.specs()}
     assert all(set(topo.inputs(st)) <= names for st in STAGES)

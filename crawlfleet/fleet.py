@@ -1,0 +1,145 @@
+"""The stage processes of a crawl: which run (the plan), how they start and stop.
+
+Stages run as separate processes exactly as a deployment runs them (``crawlfleet worker
+STAGE``, here through the lean ``crawlfleet.worker_main``), so the all-in-one exercises the
+real pipeline. A stage process that dies is restarted with the same worker id, which fences
+its former self.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from core.config import TABLE_FIELDS, Secret, Settings
+from schemas.topics import analytics_stages, stages
+
+PARTITIONS_PER_WORKER = 4
+#: Stages whose workers begin once a fetch worker has joined its group (at most
+#: ``LATE_START_S`` after the others; ``worker_main --defer-s``): in a crawl's first seconds
+#: they have nothing to do, and five interpreters importing at once on two cores delay the
+#: first request by the start-up of the two it does not need. They read their inputs from
+#: the earliest offset: nothing is missed.
+LATE_STAGES = ("retry", "quarantine")
+LATE_START_S = 3.0
+#: How long a stopping crawl waits for an analytics worker (the quarantine app) to exit.
+ANALYTICS_STOP_S = 1.0
+#: Stages whose workers answer the crawl's queries (the embedded store's owner).
+STORE_STAGES = ("store",)
+
+
+@dataclass(frozen=True)
+class Plan:
+    fetch_workers: int = 1
+    parse_workers: int = 1
+    retry_workers: int = 1
+    store_workers: int = 1  # embedded chDB allows exactly one store process
+
+    #: Workers of each stage declared in ``stage_modules`` (the topology's others).
+    other_workers: int = 1
+    #: Quarantine apps (faust; analytics: started and restarted, never waited on).
+    quarantine_workers: int = 1
+
+    def counts(self) -> dict[str, int]:
+        """Workers per stage, every stage of the topology (the pipeline's and declared)."""
+        own = {"fetch": self.fetch_workers, "parse": self.parse_workers,
+               "store": self.store_workers, "retry": self.retry_workers}
+        return {stage: own.get(stage, self.other_workers) for stage in stages()}
+
+    def processes(self) -> dict[str, int]:
+        """Workers per stage to start: :meth:`counts` and the analytics stages."""
+        extra = {"quarantine": self.quarantine_workers}
+        return {**self.counts(), **{st: extra.get(st, 1) for st in analytics_stages()}}
+
+    def partitions(self) -> int:
+        """Partitions for topics that only this plan's processes will ever consume.
+
+        A partition is a group's unit of parallelism, and every transaction costs the broker
+        a produce request and a verification per partition it touches; four per worker of
+        the largest stage leave room to rebalance a dead worker's share evenly.
+        """
+        return PARTITIONS_PER_WORKER * max(self.counts().values())
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """CRAWLFLEET_* variables that recreate ``settings`` in a child process."""
+    env: dict[str, str] = {}
+    for f in fields(Settings):
+        v = getattr(settings, f.name)
+        if isinstance(v, Secret):
+            v = v.get()
+        elif f.name in TABLE_FIELDS:  # tables of tables travel as JSON
+            v = json.dumps(v)
+        elif isinstance(v, tuple):
+            v = ",".join(str(i) for i in v)
+        elif isinstance(v, dict):
+            sep = "|" if any(isinstance(x, str) for x in v.values()) else ","
+            v = sep.join(f"{k}={x}" for k, x in v.items())
+        elif isinstance(v, bool):
+            v = "true" if v else "false"
+        env[f"CRAWLFLEET_{f.name.upper()}"] = str(v)
+    return env
+
+
+class Fleet:
+    """The stage processes of one crawl; restarts any that die unexpectedly."""
+
+    def __init__(self, settings: Settings, plan: Plan, log_dir: Path) -> None:
+        self.settings = settings
+        self.plan = plan
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.restarts = 0
+        self._env = {**os.environ, **settings_env(settings)}
+        self._env.pop("CRAWLFLEET_CONFIG", None)
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for stage, n in self.plan.processes().items():
+            for i in range(n):
+                self._spawn(f"{stage}-{i}", stage)
+
+    def _spawn(self, wid: str, stage: str, restart: bool = False) -> None:
+        log = (self.log_dir / f"{wid}.log").open("ab")
+        # A late stage's first start waits (in its own process, before its imports) for a
+        # fetch worker to join; a restart does not.
+        defer = ["--defer-s", str(LATE_START_S)] if stage in LATE_STAGES and not restart \
+            else []
+        self.procs[wid] = subprocess.Popen(
+            [sys.executable, "-m", "crawlfleet.worker_main", stage, "--worker-id", wid, *defer],
+            env=self._env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def heal(self) -> None:
+        """Restart the workers that died."""
+        for wid, p in list(self.procs.items()):
+            if p.poll() is not None:
+                self.restarts += 1
+                self._spawn(wid, wid.rsplit("-", 1)[0], restart=True)
+
+    def signal(self, but: tuple[str, ...] = ()) -> None:
+        """Ask every worker (but those of the stages ``but``) to stop; waits for none."""
+        for wid, p in self.procs.items():
+            if p.poll() is None and wid.rsplit("-", 1)[0] not in but:
+                p.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM every worker and wait up to ``timeout_s`` for each (then SIGKILL); an
+        analytics worker gets ``ANALYTICS_STOP_S``: at least once by design, it redoes
+        from its committed offsets whatever a kill cuts short, and a faust app still
+        starting up can take seconds to stop."""
+        self.signal()
+        now = time.monotonic()
+        analytics = analytics_stages()
+        for wid, p in self.procs.items():
+            grace = ANALYTICS_STOP_S if wid.rsplit("-", 1)[0] in analytics else timeout_s
+            try:
+                p.wait(max(0.1, now + grace - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
