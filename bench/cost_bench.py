@@ -36,7 +36,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from bench.crawl_bench import _descendants
 from core.config import load_settings
-from crawlfleet.crawl import Plan, run_crawl
+from crawlfleet.crawl import run_crawl
+from crawlfleet.fleet import Plan
 from infra import kafka_local
 from infra.clickhouse import Store
 from infra.topics import delete_topics

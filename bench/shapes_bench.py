@@ -180,6 +180,7 @@ class ShapeRun:
     all_pages_per_s: list[float] = field(default_factory=list)
     every_run_exact: bool = True
     costs: dict[str, RoleCost] = field(default_factory=dict)  # crawlfleet: by process role
+    summary: dict[str, Any] = field(default_factory=dict)  # crawlfleet: its summary JSON
 
     @property
     def cpu_ms_per_page(self) -> float | None:
@@ -219,6 +220,7 @@ def _run_uncapped(
     expected: Mapping[str, int],
     robots: _Robots,
     fn: Callable[[], PeerResult | tuple[PeerResult, TreeMemorySampler]],
+    summary: dict[str, Any] | None = None,
 ) -> ShapeRun:
     result: PeerResult | None = None
     error = None
@@ -234,7 +236,7 @@ def _run_uncapped(
             error = str(exc)
         log = site.log_with_statuses()
     return ShapeRun(shape, crawler, referee(spec, expected, log, robots), result, error,
-                    costs=costs)
+                    costs=costs, summary=dict(summary or {}))
 
 
 # -- the skewed shape ------------------------------------------------------------------------------
@@ -664,6 +666,23 @@ def _shape_table(shape: str, spec: SiteSpec, runs: list[ShapeRun], repeat: int) 
     return table
 
 
+def crawlfleet_timeline(summary: Mapping[str, Any]) -> str:
+    """One line of a crawl's summary: time outside crawling (start-up: command start to
+    first fetch; drain: last store to drained; teardown: drained to exit) and link hops."""
+    ph = summary.get("phases") or {}
+    parts = []
+    if {"first_fetch", "last_store", "drained", "ended"} <= set(ph):
+        start, drain = ph["first_fetch"], ph["drained"] - ph["last_store"]
+        down = ph["ended"] - ph["drained"]
+        parts.append(f"outside crawling {start + drain + down:.2f} s (start-up to first "
+                     f"fetch {start:.2f}, drain {drain:.2f}, teardown {down:.2f})")
+    hop = summary.get("hop_ms") or {}
+    if hop:
+        parts.append(f"link hop p50/p90/p99 {hop['p50']:.0f}/{hop['p90']:.0f}/"
+                     f"{hop['p99']:.0f} ms over {hop['n']:.0f} links")
+    return "; ".join(parts) or "(no timeline in its summary)"
+
+
 def _costs_table(shape: str, run: ShapeRun) -> Table:
     """crawlfleet's processes on one shape: CPU per 1,000 stored pages and peak PSS, by role
     (sampled from /proc; the total row is the exact figure: reaped children + the broker)."""
@@ -881,14 +900,17 @@ def main(argv: list[str] | None = None) -> int:
                         f"{s.limited} 429s, {s.big_requests} big-host requests; {s.stopped}"
                     )
                     continue
-                fn = _uncapped_runner(crawler, spec, args, command, output)
-                r = _run_uncapped(shape, crawler, spec, expected, robots, fn)
+                sink: dict[str, Any] = {}
+                fn = _uncapped_runner(crawler, spec, args, command, output, sink)
+                r = _run_uncapped(shape, crawler, spec, expected, robots, fn, sink)
                 runs[crawler].append(r)
                 if r.error is not None:
                     failures += 1
                     console.print(f"  [red]failed:[/] {r.error}")
                 if crawler == "crawlfleet" and not r.exact:
                     _print_tail(console, output)
+                if crawler == "crawlfleet" and r.summary:
+                    console.print(f"  {crawlfleet_timeline(r.summary)}")
                 res = r.result
                 if res is not None:
                     console.print(
@@ -960,6 +982,7 @@ def _uncapped_runner(
     args: argparse.Namespace,
     command: list[str] | None,
     output: Path,
+    summary_sink: dict[str, Any] | None = None,
 ) -> Callable[[], PeerResult | tuple[PeerResult, TreeMemorySampler]]:
     """How ``crawler`` crawls an uncapped shape: as ``bench.crawl_bench`` runs it
     (crawlfleet's progress goes to ``output``, not the terminal)."""
@@ -972,7 +995,8 @@ def _uncapped_runner(
     cmd = command
     # crawlfleet's own --timeout ends a crawl that cannot drain with a summary of it
     extra = ["--timeout", f"{args.timeout:g}", *args.crawlfleet_arg]
-    return lambda: run_crawlfleet(cmd, spec, extra, args.timeout + 120, conc, output)
+    return lambda: run_crawlfleet(cmd, spec, extra, args.timeout + 120, conc, output,
+                                  summary_sink)
 
 
 def _run_skewed(

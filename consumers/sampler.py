@@ -178,7 +178,12 @@ class QueueSampler:
             self._reader = Consumer({**self.s.kafka_common(), "group.id": "crawlfleet-sampler",
                                      "enable.auto.commit": False,
                                      "isolation.level": "read_committed",
-                                     "fetch.wait.max.ms": 10})
+                                     "fetch.wait.max.ms": 10,
+                                     # One record per partition is read: fetch little (the
+                                     # default prefetches up to 1 MB of pages per partition).
+                                     "max.partition.fetch.bytes": 16384,
+                                     "fetch.max.bytes": 1 << 20,
+                                     "queued.max.messages.kbytes": 1024})
         oldest: int | None = None
         try:
             self._reader.assign([TopicPartition(t, p, o) for (t, p), o in behind.items()])

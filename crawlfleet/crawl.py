@@ -65,6 +65,9 @@ class Summary:
     published_at: float = 0.0  # Unix time the seeds' publication began
     publish_seconds: float = 0.0  # seeds' publication begun → last page stored
     start_seconds: float = 0.0  # workers started → last page stored (start-up, joins)
+    #: Hop latency of the crawl's links, a page's request to its link's request (ms):
+    #: p50, p90, p99 and the number of hops ("n"); see :func:`hop_sql`.
+    hop_ms: dict[str, float] = field(default_factory=dict)
     first_fetch_at: float = 0.0  # Unix time of the first page fetched (of those stored)
     last_store_at: float = 0.0  # Unix time of the last page stored
     #: Seconds from the command's start (its module's import) to each step of the crawl:
@@ -442,6 +445,7 @@ def _summarise(settings: Settings, report: PublishReport, start_wall: float, ela
     pages, ok, window_ms = int(rows[0][0]), int(rows[0][1]), int(rows[0][2] or 0)
     last_stored = int(rows[0][3] or 0) / 1000.0 if pages else 0.0
     first_fetched = int(rows[0][4] or 0) / 1000.0 if pages else 0.0
+    _, hop_rows = run_query(settings, hop_sql(since))
     _, dead_rows = run_query(settings, dead_sql)
     _, err_rows = run_query(settings, err_sql)
     dead = {str(r): int(n) for r, n in dead_rows}
@@ -461,7 +465,29 @@ def _summarise(settings: Settings, report: PublishReport, start_wall: float, ela
         published_at=round(published_wall, 3),
         publish_seconds=round(max(0.0, last_stored - published_wall), 3),
         start_seconds=round(max(0.0, last_stored - start_wall), 3),
-        first_fetch_at=first_fetched, last_store_at=last_stored)
+        first_fetch_at=first_fetched, last_store_at=last_stored,
+        hop_ms=_hops(hop_rows))
+
+
+def hop_sql(since: str) -> str:
+    """Each link's hop since ``since``: its page's request (``fetched_at``) minus the request
+    of the page it was found on, joined through the parse stage's lineage (``enqueued``,
+    with ``parent_url``). On a chain of single links this is the pipeline's latency per hop
+    (fetch, commit, parse, commit, next request); on a wide crawl it includes queueing."""
+    return ("SELECT quantiles(0.5, 0.9, 0.99)(hop), count() FROM (SELECT dateDiff('millisecond', "  # noqa: S608
+            "p.fetched_at, c.fetched_at) AS hop FROM (SELECT url, fetched_at FROM pages FINAL "
+            f"WHERE stored_at >= {since} AND depth > 0) AS c INNER JOIN (SELECT url, "
+            "any(parent_url) AS parent_url FROM lineage FINAL WHERE state = 'enqueued' AND "
+            f"stage = 'parse' AND ts >= {since} GROUP BY url) AS l ON l.url = c.url INNER JOIN "
+            f"(SELECT url, fetched_at FROM pages FINAL WHERE stored_at >= {since}) AS p "
+            "ON p.url = l.parent_url)")
+
+
+def _hops(rows: list[list[Any]]) -> dict[str, float]:
+    if not rows or not rows[0][1]:
+        return {}
+    q = [float(x) for x in rows[0][0]]
+    return {"p50": q[0], "p90": q[1], "p99": q[2], "n": float(rows[0][1])}
 
 
 def print_summary(summary: Summary, console: Console) -> None:
@@ -484,6 +510,10 @@ def print_summary(summary: Summary, console: Console) -> None:
     t.add_row("pages/s (wall)", f"{summary.pages_per_s:.1f}")
     t.add_row("first fetch → last store (s)", f"{summary.crawl_seconds:.1f}")
     t.add_row("pages/s (first fetch → last store)", f"{summary.crawl_pages_per_s:.1f}")
+    if summary.hop_ms:
+        h = summary.hop_ms
+        t.add_row("link hop p50 / p90 / p99 (ms)",
+                  f"{h['p50']:.0f} / {h['p90']:.0f} / {h['p99']:.0f} ({h['n']:.0f} links)")
     t.add_row("drained", "yes" if summary.drained else "no (timed out)")
     if summary.restarts:
         t.add_row("worker restarts", str(summary.restarts))

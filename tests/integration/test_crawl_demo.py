@@ -72,6 +72,15 @@ def test_crawl_stores_exactly_the_reachable_allowed_pages(settings: Settings,
                                      "WHERE outcome = 'retry' AND reason = 'http_503'")
     assert retries[0][0] == 2
     assert summary.pages_stored == len(expected)
+    # Every page but the seeds was found as a link: each is one hop, after its parent.
+    _, seeds = run_query(settings, "SELECT count() FROM pages FINAL WHERE depth = 0")
+    assert summary.hop_ms["n"] == len(expected) - int(seeds[0][0]), summary.hop_ms
+    assert 0 < summary.hop_ms["p50"] <= summary.hop_ms["p99"]
+    # The phases of its time, in order from the command's start.
+    ph = summary.phases
+    assert ph["topics"] <= ph["workers_started"] <= ph["published"] <= ph["drained"] \
+        <= ph["stopped"] <= ph["ended"], ph
+    assert ph["first_fetch"] <= ph["last_store"] <= ph["drained"], ph
 
     # The dashboards after it tell the truth (a crawl shorter than a few sample intervals):
     # the queues end drained, and the throughput view shows the fetching that happened.

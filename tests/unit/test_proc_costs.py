@@ -51,3 +51,15 @@ def test_proc_costs_samples_a_live_process_by_role() -> None:
     roles = costs.by_role()
     assert sum(r.processes for r in roles.values()) == 2
     assert abs(sum(r.cpu_s for r in roles.values()) - child.cpu) < 1e-9
+
+
+def test_crawl_timeline_splits_the_time_outside_crawling() -> None:
+    from bench.shapes_bench import crawlfleet_timeline
+    line = crawlfleet_timeline({
+        "phases": {"first_fetch": 2.5, "last_store": 20.0, "drained": 20.25, "ended": 21.0},
+        "hop_ms": {"p50": 12.0, "p90": 30.0, "p99": 61.0, "n": 2996.0}})
+    # 2.5 s to the first fetch + 0.25 s drain + 0.75 s teardown
+    assert "outside crawling 3.50 s" in line
+    assert "first fetch 2.50, drain 0.25, teardown 0.75" in line
+    assert "12/30/61 ms over 2996 links" in line
+    assert crawlfleet_timeline({}) == "(no timeline in its summary)"
