@@ -139,8 +139,16 @@ def _is_ip(host: str) -> bool:
     return True
 
 
+#: ``scheme://host[:port]`` of a canonical URL whose host is a plain lower-case name or
+#: IPv4 address: the host is then what ``urlsplit`` would say, without its cost.
+_PLAIN_NETLOC = re.compile(r"https?://([a-z0-9.-]+)(?::[0-9]+)?(?=[/?#]|$)")
+
+
 def host_of(url: str) -> str:
     """Lower-case host (no port) of a canonical URL."""
+    m = _PLAIN_NETLOC.match(url)
+    if m is not None:
+        return m[1]
     return urlsplit(url).hostname or ""
 
 
@@ -158,13 +166,13 @@ def target_of(url: str, mode: str = "host") -> str:
     section included: ``a.github.io`` and ``b.github.io`` are two sites); IP hosts, and hosts
     that are a public suffix themselves (``localhost``, ``co.uk``), stay whole.
     """
-    return _target_of_cached(url, mode) if len(url) <= _CACHED_URL_LENGTH \
-        else _target_of(url, mode)
-
-
-def _target_of(url: str, mode: str) -> str:
     # "example.com." and "example.com" are one site (nightly fuzz): one target, one cap.
-    host = host_of(url).rstrip(".")
+    return _target_of_host(host_of(url).rstrip("."), mode)
+
+
+@lru_cache(maxsize=1 << 16)
+def _target_of_host(host: str, mode: str) -> str:
+    """Memoised by host: a crawl has far fewer hosts than URLs."""
     if mode == "host" or _is_ip(host):
         return host
     return registrable_domain(host)
@@ -180,7 +188,6 @@ def registrable_domain(host: str) -> str:
     return _suffixes().privatesuffix(host.rstrip(".")) or host
 
 
-_target_of_cached = lru_cache(maxsize=1 << 16)(_target_of)
 
 
 

@@ -174,8 +174,8 @@ def publish(lines: Iterable[str], settings: Settings,
             if gate.over():  # the frontier is full: wait for fetching to catch up
                 producer.flush(30)
                 report.waited_s += gate.wait()
-            elif report.published % 1000 == 0:
-                producer.flush(30)
+            elif report.published % 1000 == 0 and gate.due():
+                producer.flush(30)  # the lag it reads next must count what was sent
                 gate.refresh()
             topic = topology.frontier_high if job["priority"] > 0 else topology.frontier
             for out in (encoder.job(topic, job),

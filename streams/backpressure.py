@@ -53,6 +53,10 @@ class FrontierGate:
             if lag >= 0:
                 self._lag, self._added, self._at = lag, 0, now
 
+    def due(self) -> bool:
+        """True when :meth:`refresh` would measure again (a publisher flushes first)."""
+        return self._probe is not None and time.monotonic() - self._at >= self._interval
+
     def over(self) -> bool:
         """True while the frontier holds at least ``bound`` records not yet fetched."""
         return self._probe is not None and self.estimate >= self.bound

@@ -14,6 +14,7 @@ from core.urls import (
     canonicalize,
     check_address,
     dedupe_key,
+    host_of,
     origin_of,
     resolve_link,
     target_of,
@@ -331,3 +332,34 @@ def test_origin_of_a_canonical_url_is_its_scheme_and_netloc(raw: str) -> None:
     url = canonicalize(raw)
     parts = urlsplit(url)
     assert origin_of(url) == f"{parts.scheme}://{parts.netloc}"
+
+
+@pytest.mark.parametrize("url", [
+    "http://example.com/a", "https://a.b.example.com:8443/x?y=1", "http://127.0.0.2:18700/",
+    "http://example.com?q=1", "http://example.com", "http://example.com.:81/p#f",
+    "http://[::1]:8080/", "http://user@example.com/", "http://EXAMPLE.com/",
+    "http://xn--bcher-kva.example/", "http://a_b.example/", "https://10.0.0.1/p/1.html",
+])
+def test_host_of_is_what_urlsplit_says(url: str) -> None:
+    # host_of reads plain hosts without urlsplit; whatever it reads must be the same host
+    assert host_of(url) == (urlsplit(url).hostname or "")
+
+
+def test_host_of_agrees_with_urlsplit_on_canonical_urls() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    label = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,8}[a-z0-9])?", fullmatch=True)
+    hosts = st.lists(label, min_size=1, max_size=4).map(".".join)
+
+    @given(st.sampled_from(["http", "https"]), hosts,
+           st.one_of(st.none(), st.integers(1, 65535)), st.text(max_size=20))
+    def check(scheme: str, host: str, port: int | None, path: str) -> None:
+        raw = f"{scheme}://{host}{f':{port}' if port else ''}/{path}"
+        try:
+            url = canonicalize(raw)
+        except InvalidURLError:
+            return
+        assert host_of(url) == (urlsplit(url).hostname or "")
+
+    check()
