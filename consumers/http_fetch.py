@@ -50,7 +50,7 @@ from core.errors import (
     ResponseTooLargeError,
     TooManyRedirectsError,
 )
-from core.urls import AddressPolicy, canonicalize, ends_in_number
+from core.urls import AddressPolicy, canonicalize, ends_in_number, host_of
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 #: A compressed body that inflates more than this many times its wire size (as read so far,
@@ -124,6 +124,8 @@ class Fetcher:
         self._s = settings
         self._session: aiohttp.ClientSession | None = None
         self.policy = address_policy(settings)
+        #: IP-literal hosts the policy has allowed (a pure function of the host): asked once.
+        self._allowed_literals: set[str] = set()
         self.resolver = GuardedResolver(self.policy, resolver, trusted=proxy_hosts(settings))
 
     async def __aenter__(self) -> Fetcher:
@@ -247,7 +249,9 @@ class Fetcher:
 
     def _check_literal(self, url: str) -> None:
         """IP-literal hosts never reach a resolver: check them against the policy here."""
-        host = urlsplit(url).hostname or ""
+        host = host_of(url)
+        if host in self._allowed_literals:
+            return
         try:
             ipaddress.ip_address(host)
         except ValueError:
@@ -257,6 +261,9 @@ class Fetcher:
                 raise InvalidURLError(f"non-canonical numeric host in {url!r}") from None
             return  # a name: the guarded resolver checks each address it resolves to
         self.policy.check(host, host)
+        if len(self._allowed_literals) >= 4096:
+            self._allowed_literals.clear()
+        self._allowed_literals.add(host)
 
 
 class _ProxiedGet:
