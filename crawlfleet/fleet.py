@@ -29,7 +29,7 @@ PARTITIONS_PER_WORKER = 4
 LATE_STAGES = ("retry", "quarantine")
 LATE_START_S = 3.0
 #: How long a stopping crawl waits for an analytics worker (the quarantine app) to exit.
-ANALYTICS_STOP_S = 1.0
+ANALYTICS_STOP_S = 0.5
 #: Stages whose workers answer the crawl's queries (the embedded store's owner).
 STORE_STAGES = ("store",)
 
