@@ -143,16 +143,36 @@ def _list_topics(admin: AdminClient, settings: Settings, timeout_s: float) -> di
         raise InfraError(f"cannot reach Kafka at {settings.bootstrap_servers}: {exc}") from exc
 
 
+#: Group-listing refusals a moment cures: a broker just started is still loading its group
+#: coordinator (a `crawl` right after `crawlfleet kafka up` met it).
+_COORDINATOR_LOADING = frozenset({KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                                  KafkaError.COORDINATOR_NOT_AVAILABLE})
+
+
+def _error_code(err: Any) -> Any:
+    """The code of a listing error (a KafkaError, or a KafkaException wrapping one)."""
+    inner = err.args[0] if isinstance(err, KafkaException) and err.args else err
+    return inner.code() if hasattr(inner, "code") else None
+
+
 def _list_groups(admin: AdminClient, settings: Settings, timeout_s: float) -> list[str]:
-    """This prefix's consumer groups, empty ones (committed offsets, no members) included."""
-    try:
-        listing = admin.list_consumer_groups(request_timeout=timeout_s).result()
-    except KafkaException as exc:
-        raise InfraError(f"cannot list consumer groups at {settings.bootstrap_servers}: "
-                         f"{exc}") from exc
-    if listing.errors:  # a broker that did not answer may hold one of ours
-        raise InfraError(f"cannot list every consumer group at {settings.bootstrap_servers}: "
-                         f"{listing.errors[0]}")
+    """This prefix's consumer groups, empty ones (committed offsets, no members) included;
+    asked again while a coordinator is still loading (until ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            listing = admin.list_consumer_groups(request_timeout=timeout_s).result()
+        except KafkaException as exc:
+            raise InfraError(f"cannot list consumer groups at {settings.bootstrap_servers}: "
+                             f"{exc}") from exc
+        if not listing.errors:
+            break
+        loading = all(_error_code(e) in _COORDINATOR_LOADING for e in listing.errors)
+        if not loading or time.monotonic() >= deadline:
+            # a broker that did not answer may hold one of ours
+            raise InfraError(f"cannot list every consumer group at "
+                             f"{settings.bootstrap_servers}: {listing.errors[0]}")
+        time.sleep(0.2)
     return sorted(g.group_id for g in listing.valid if g.group_id.startswith(settings.topic_prefix))
 
 
