@@ -125,17 +125,9 @@ def high_watermarks(settings: Settings, topic: str, partitions: Iterable[int],
     A retriable refusal (a partition whose leader the broker does not know yet, e.g. just
     after the topic was created or while a leader moves) is asked again until
     ``timeout_s``."""
-    return log_offsets(settings, topic, partitions, timeout_s, admin, earliest=False)
-
-
-def log_offsets(settings: Settings, topic: str, partitions: Iterable[int],
-                timeout_s: float = 10.0, admin: AdminClient | None = None, *,
-                earliest: bool) -> dict[int, int]:
-    """The log start (``earliest``) or high watermark of each partition, in one request,
-    asked again on a retriable refusal until ``timeout_s`` (see :func:`high_watermarks`)."""
     admin = admin if admin is not None else AdminClient(settings.kafka_common())
-    spec = OffsetSpec.earliest() if earliest else OffsetSpec.latest()  # type: ignore[no-untyped-call]
-    asked = {TopicPartition(topic, p): spec for p in partitions}
+    asked = {TopicPartition(topic, p): OffsetSpec.latest()  # type: ignore[no-untyped-call]
+             for p in partitions}
     deadline = time.monotonic() + timeout_s
     while True:
         try:
