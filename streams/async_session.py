@@ -202,12 +202,11 @@ class AsyncSession:
         committed offsets (records polled before the pause took hold were dropped by the
         ledger: they are read again)."""
         assert self.consumer is not None
-        tps, offsets, info = self.restores.seek(self.consumer, done)
+        tps, offsets, info = self.restores.seek(
+            self.consumer, done, resume=not (self.paused or self.control_paused))
         # From the committed offsets: a partition whose only work is held in a store
         # consumes no record, and its results must still commit (with these offsets).
         self.ledger.assign([(tp.topic, tp.partition) for tp in tps], offsets)
-        if tps and not (self.paused or self.control_paused):
-            self.consumer.resume(tps)
         self.restores.report(done)
         self.logic.restored(done, info)
 

@@ -195,14 +195,13 @@ class BatchStage(Stage):
         consumer = self._restore_consumer
         if consumer is not None:  # else nothing was ever assigned, nor restored
             for done in self._restores.finished():
-                tps, offsets, info = self._restores.seek(consumer, done)
+                _, offsets, info = self._restores.seek(consumer, done)  # and resumed
                 for key, offset in offsets.items():
                     if offset >= 0:
                         # With it, a transaction of only the stage's own outputs (retry's
                         # due timers) carries offsets too, so the broker checks our
                         # generation.
                         self._committed[key] = offset
-                consumer.resume(tps)
                 self._restores.report(done)
                 self.restored(done, info)
         self.status.gauges["restore_failing"] = len(self._restores.failing)

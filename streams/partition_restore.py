@@ -119,17 +119,27 @@ class PartitionRestore:
         """Restores finished since the last call (failed ones due again are restarted)."""
         return self.restorer.finished()
 
-    def seek(self, consumer: Consumer,
-             done: Restored) -> tuple[list[TopicPartition], dict[TP, int], Any]:
+    def seek(self, consumer: Consumer, done: Restored,
+             resume: bool = True) -> tuple[list[TopicPartition], dict[TP, int], Any]:
         """Seek every input partition of ``done``'s complete partitions to the group's
-        committed offset (OFFSET_BEGINNING: none). Records polled before the pause took hold
-        were dropped, not handled: they are read again. Returns those partitions (for the
-        runtime to resume), their committed offsets (-1: none) and the stage's info."""
+        committed offset (OFFSET_BEGINNING: none), resuming them first if ``resume``.
+        Records polled before the pause took hold were dropped, not handled: they are read
+        again. Returns those partitions, their committed offsets (-1: none) and the stage's
+        info.
+
+        Resume comes before the seek: a resume bumps the partition's op version, and a
+        seek to a logical offset (OFFSET_BEGINNING) sent first has its offset lookup
+        answered as "outdated" and retried only after librdkafka's 500 ms offset-query
+        back-off (measured: the first request of every new crawl waited for it). Records
+        fetched between the two calls belong to the older version and are never delivered.
+        """
         offsets, info = done.payload if done.payload is not None else ({}, None)
         tps = self.membership.expand([TopicPartition(self.membership.lead, p)
                                       for p in sorted(done.complete)])
         committed = {(tp.topic, tp.partition): offsets.get((tp.topic, tp.partition), -1)
                      for tp in tps}
+        if resume and tps:
+            consumer.resume(tps)
         for tp in tps:
             offset = committed[(tp.topic, tp.partition)]
             consumer.seek(TopicPartition(tp.topic, tp.partition,

@@ -74,6 +74,19 @@ class RecordingConsumer:
     def of(self, what: str) -> list[tuple[str, int, int]]:
         return [tp for w, tps in self.calls if w == what for tp in tps]
 
+    def resumed_before_seek(self) -> bool:
+        """Every seek came after its partition's resume: librdkafka answers the offset
+        lookup of a logical-offset seek that a later resume overtakes as "outdated" and
+        tries again only after its 500 ms back-off."""
+        resumed: set[tuple[str, int]] = set()
+        for what, tps in self.calls:
+            for t, p, _ in tps:
+                if what == "resume":
+                    resumed.add((t, p))
+                elif what == "seek" and (t, p) not in resumed:
+                    return False
+        return True
+
 
 class RecordingCommitter:
     def __init__(self) -> None:
@@ -197,6 +210,7 @@ def test_new_partitions_wait_paused_then_resume_from_the_committed_offsets(
         assert sorted(consumer.of("seek")) == sorted(
             [(tiers[0], 1, 40), (tiers[1], 1, OFFSET_BEGINNING), (tiers[2], 1, 7)])
         assert sorted(consumer.of("resume")) == sorted((t, 1, -1001) for t in tiers)
+        assert consumer.resumed_before_seek()
         assert consumer.paused == set()
         # Seeded with what the group committed (none for the tier never committed): a
         # transaction of own outputs alone carries them, so the broker checks the generation.
@@ -439,6 +453,7 @@ def test_the_async_session_seeds_its_ledger_and_resumes_only_when_not_paused(
     else:
         assert {(t, p) for t, p, _ in consumer.of("resume")} == {(topo.frontier, 2),
                                                                  (topo.frontier_high, 2)}
+        assert consumer.resumed_before_seek()
     assert logic.restored_calls == [({2}, "info")]
     assert status.counters.get("restores") == 1
 
