@@ -23,12 +23,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from core.config import Settings
 from core.errors import CrawlfleetError
@@ -71,6 +71,58 @@ def rates(previous: dict[tuple[str, str], tuple[float, int]],
         else:
             out[(s.stage, s.topic)] = 0.0
     return out
+
+
+#: How long one sample may read the oldest waiting record of its lagging partitions.
+OLDEST_WAIT_S = 2.0
+
+
+def oldest_reader_conf(settings: Settings) -> dict[str, Any]:
+    """The client that reads one waiting record per lagging partition."""
+    return {**settings.kafka_common(), "group.id": "crawlfleet-sampler",
+            "enable.auto.commit": False, "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 10,
+            # A partition whose lag is only transaction markers has no record to read: its
+            # end says so at once (else the read waited out its deadline, and held a
+            # stopping store worker's exit for it).
+            "enable.partition.eof": True,
+            # One record per partition is read: fetch little (the default prefetches up to
+            # 1 MB of pages per partition).
+            "max.partition.fetch.bytes": 16384, "fetch.max.bytes": 1 << 20,
+            "queued.max.messages.kbytes": 1024}
+
+
+def oldest_waiting(reader: Consumer, behind: dict[tuple[str, int], int], wait_s: float,
+                   stopped: Callable[[], bool]) -> int | None:
+    """Broker timestamp of the oldest record at ``behind``'s offsets (topic, partition →
+    the group's next offset), read with ``reader`` within ``wait_s``, or until
+    ``stopped()``; None if there is none (a partition's lag can be markers alone)."""
+    oldest: int | None = None
+    try:
+        reader.assign([TopicPartition(t, p, o) for (t, p), o in behind.items()])
+        todo = set(behind)
+        deadline = time.monotonic() + wait_s
+        while todo and time.monotonic() < deadline and not stopped():
+            msg = reader.poll(0.2)
+            if msg is None:
+                continue
+            key = (msg.topic(), msg.partition())
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    todo.discard(key)  # nothing but markers past the offset
+                continue
+            if key not in todo:
+                continue
+            todo.discard(key)
+            ts = msg.timestamp()[1]
+            if ts > 0 and (oldest is None or ts < oldest):
+                oldest = ts
+    except KafkaException as exc:
+        log.warning("oldest-task read failed: %s", exc)
+    finally:
+        reader.unassign()
+    return oldest
 
 
 class QueueSampler:
@@ -175,36 +227,8 @@ class QueueSampler:
         if not behind:
             return None
         if self._reader is None:
-            self._reader = Consumer({**self.s.kafka_common(), "group.id": "crawlfleet-sampler",
-                                     "enable.auto.commit": False,
-                                     "isolation.level": "read_committed",
-                                     "fetch.wait.max.ms": 10,
-                                     # One record per partition is read: fetch little (the
-                                     # default prefetches up to 1 MB of pages per partition).
-                                     "max.partition.fetch.bytes": 16384,
-                                     "fetch.max.bytes": 1 << 20,
-                                     "queued.max.messages.kbytes": 1024})
-        oldest: int | None = None
-        try:
-            self._reader.assign([TopicPartition(t, p, o) for (t, p), o in behind.items()])
-            todo = set(behind)
-            deadline = time.monotonic() + 2.0
-            while todo and time.monotonic() < deadline:
-                msg = self._reader.poll(0.2)
-                if msg is None or msg.error() is not None:
-                    continue
-                key = (msg.topic(), msg.partition())
-                if key not in todo:
-                    continue
-                todo.discard(key)
-                ts = msg.timestamp()[1]
-                if ts > 0 and (oldest is None or ts < oldest):
-                    oldest = ts
-        except KafkaException as exc:
-            log.warning("oldest-task read failed: %s", exc)
-        finally:
-            self._reader.unassign()
-        return oldest
+            self._reader = Consumer(oldest_reader_conf(self.s))
+        return oldest_waiting(self._reader, behind, OLDEST_WAIT_S, self._stop.is_set)
 
     def write(self, samples: list[Sample], now: float, final: bool = False) -> None:
         """One row per sample at its interval's bucket; ``final`` rows at ``now`` itself (a

@@ -311,8 +311,9 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
     end offset where the first look found it (one look is not a snapshot: a transaction
     committing between the reads of two topics could hide its records). The workers'
     gauges must also hold nothing, a necessary check, never a sufficient one. Once no
-    lag is left the loop looks every ``QUICK_TICK_S`` (from ``NEAR_LAG`` records left,
-    every ``NEAR_TICK_S``), so a drained crawl is known within a fraction of a second.
+    lag is left, or only the store's (its last batches), the loop looks every
+    ``QUICK_TICK_S`` (from ``NEAR_LAG`` records left, every ``NEAR_TICK_S``), so a drained
+    crawl is known within a fraction of a second.
     A stage with lag and no serving worker is shown as stalled, with why.
     """
     topo = topology_of(settings)
@@ -321,7 +322,7 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
     held: HeldWork | None = None
     held_note = ""
     held_at = -HELD_RECHECK_S
-    quiet = near = False
+    quiet = tail = near = False
     # A terminal gets a live table; a pipe or a file gets a plain line every few seconds.
     live = Live(console=console, refresh_per_second=4, transient=False) \
         if console.is_terminal else contextlib.nullcontext()
@@ -330,14 +331,15 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
     try:
         with live:
             while True:
-                time.sleep(QUICK_TICK_S if quiet else NEAR_TICK_S if near else TICK_S)
+                time.sleep(QUICK_TICK_S if quiet or tail else NEAR_TICK_S if near else TICK_S)
                 fleet.heal()
                 statuses = read_statuses(settings.status_dir)
                 lags = probe.stage_lags(topo)
                 ends = dict(probe.ends)
                 now = time.monotonic()
                 stalled = stall_watch.update(stalls(lags, statuses), now)
-                quiet = _calm(statuses, lags, fleet, topo.partitions)
+                quiet = _calm(statuses, lags, fleet)
+                tail = not quiet and _calm(statuses, lags, fleet, but=STORE_STAGES)
                 near = 0 <= sum(lags.values()) <= NEAR_LAG
                 drained = False
                 if not quiet:
@@ -384,22 +386,25 @@ HELD_RECHECK_S = 2.0
 
 
 def _calm(statuses: list[dict[str, Any]], lags: dict[str, int], fleet: Fleet,
-          partitions: int) -> bool:
-    """No stage behind its input, and no worker's gauges holding work or waiting.
+          but: tuple[str, ...] = ()) -> bool:
+    """No stage behind its input, and no worker's gauges holding work or waiting (the
+    stages ``but`` left out: with the store's, "only the store's last batches are left").
 
     Necessary, not sufficient: ``_watch`` also requires the parked and timer changelogs
     empty and settled on the broker (:func:`crawlfleet.health.read_held_work`) and the
     offsets unchanged across them."""
-    expected = sum(fleet.plan.counts().values())
+    counts = fleet.plan.counts()
+    expected = sum(n for stage, n in counts.items() if stage not in but)
     # Analytics (the quarantine app) is never waited on: its lag is no work of the crawl.
-    statuses = [s for s in statuses if s.get("stage") not in analytics_stages()]
+    statuses = [s for s in statuses
+                if s.get("stage") not in analytics_stages() and s.get("stage") not in but]
     if len(statuses) < expected:
         return False
     for s in statuses:
         g = s.get("gauges", {})
         if holds_work(g) or s.get("waiting"):
             return False
-    return all(v == 0 for v in lags.values())
+    return all(v == 0 for stage, v in lags.items() if stage not in but)
 
 
 def _totals(statuses: list[dict[str, Any]]) -> dict[str, int]:

@@ -21,7 +21,7 @@ from core.config import TABLE_FIELDS, Secret, Settings
 from schemas.topics import analytics_stages, stages
 
 PARTITIONS_PER_WORKER = 4
-#: Stages whose workers begin once a fetch worker has joined its group (at most
+#: Stages whose workers begin once a fetch worker has finished a request (at most
 #: ``LATE_START_S`` after the others; ``worker_main --defer-s``): in a crawl's first seconds
 #: they have nothing to do, and five interpreters importing at once on two cores delay the
 #: first request by the start-up of the two it does not need. They read their inputs from

@@ -89,14 +89,21 @@ def _stage(stage: str, s: Settings, worker_id: str | None, stop: Any) -> Any:
     return getattr(importlib.import_module(module), cls)(s, worker_id, stop)
 
 
-def await_fetch_join(status_dir: Path, limit_s: float) -> None:
-    """Return once a fetch worker's status says it has joined its group, or after
-    ``limit_s`` (a late stage's deferred start: see ``crawlfleet.crawl.LATE_STAGES``)."""
+#: Counters of a fetch worker that each count a finished request's outcome.
+FETCH_OUTCOMES = ("fetched", "retries", "dead")
+
+
+def await_first_fetch(status_dir: Path, limit_s: float) -> None:
+    """Return once a fetch worker's status counts a finished request, or after ``limit_s``
+    (a late stage's deferred start: see ``crawlfleet.fleet.LATE_STAGES``). Not sooner:
+    a late stage's start-up (imports, its group's join, its restore) on two busy cores
+    would delay the first request it has no part in."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         for path in status_dir.glob("fetch-*.json"):
             try:
-                if json.loads(path.read_text()).get("rebalances", 0) > 0:
+                counters = json.loads(path.read_text()).get("counters", {})
+                if any(counters.get(k, 0) > 0 for k in FETCH_OUTCOMES):
                     return
             except (OSError, ValueError, AttributeError):
                 continue  # being written, or not a status
@@ -134,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings()
         if defer_s > 0:
-            await_fetch_join(settings.status_dir, defer_s)
+            await_first_fetch(settings.status_dir, defer_s)
         run_worker(args[0], settings, worker_id)
     except CrawlfleetError as exc:
         print(f"error: {exc}", file=sys.stderr)

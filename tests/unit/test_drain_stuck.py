@@ -67,3 +67,30 @@ def test_a_silent_workers_note_shows_where_its_threads_stand(tmp_path: Path) -> 
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_only_the_store_behind_reads_as_the_tail_never_as_calm() -> None:
+    """The crawl looks quickly while only the store's last batches are left (``tail``), and
+    never calls that calm: the store's lag, and a worker holding work, both count."""
+    from types import SimpleNamespace
+
+    from crawlfleet.crawl import _calm
+    from crawlfleet.fleet import STORE_STAGES, Plan
+    from schemas.topics import stages
+    fleet: Any = SimpleNamespace(plan=Plan())
+    statuses = [status(f"{s}-0", s, 0.1) for s in stages()]
+    calm_lags = dict.fromkeys(stages(), 0)
+    store_behind = {**calm_lags, "store": 670}
+    assert _calm(statuses, calm_lags, fleet)
+    assert not _calm(statuses, store_behind, fleet)
+    assert _calm(statuses, store_behind, fleet, but=STORE_STAGES)
+    # Upstream still behind, or holding work, or a worker missing: not the tail.
+    assert not _calm(statuses, {**store_behind, "parse": 3}, fleet, but=STORE_STAGES)
+    holding = [status("fetch-0", "fetch", 0.1, parked=4) if s["stage"] == "fetch" else s
+               for s in statuses]
+    assert not _calm(holding, store_behind, fleet, but=STORE_STAGES)
+    without_parse = [s for s in statuses if s["stage"] != "parse"]
+    assert not _calm(without_parse, store_behind, fleet, but=STORE_STAGES)
+    # The store's own status is not needed for the tail.
+    without_store = [s for s in statuses if s["stage"] != "store"]
+    assert _calm(without_store, store_behind, fleet, but=STORE_STAGES)
