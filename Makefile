@@ -12,6 +12,8 @@ QUIET_PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q
 
 .PHONY: sysdeps setup demo test lint bench soak clean-cache
 
+PACKAGES := crawlfleet schemas producers consumers streams infra core sites
+
 # System tools: Java + Maven run the local Kafka.
 sysdeps:
 	@command -v java >/dev/null && command -v mvn >/dev/null || \
@@ -34,7 +36,12 @@ $(BENCH_STAMP): $(DEV_STAMP)
 	$(QUIET_PIP) -e '.[dev,bench]'
 	@rm -f $(VENV)/.bench-* && touch $(BENCH_STAMP)
 
+# Byte-compiled once here, as pip does for an installed package: the editable install
+# leaves that to the first import, and where PYTHONDONTWRITEBYTECODE is set (as on this
+# machine) every stage process compiled ~60 modules from source at each start (0.1 s of CPU
+# each, five at a time). Up-to-date files are skipped.
 setup: sysdeps $(STAMP)
+	@$(BIN)/python -m compileall -q -j0 $(PACKAGES) bench >/dev/null
 
 demo: setup
 	$(BIN)/crawlfleet demo

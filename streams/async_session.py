@@ -307,7 +307,7 @@ class AsyncSession:
         if changed:
             self.logic.control_changed(self.control.state)
         self.poll_gaps.tick()
-        return consume_ready(self.consumer, POLL_BATCH, timeout)
+        return consume_ready(self.consumer, POLL_BATCH, self.restores.poll_timeout(timeout))
 
     def _teardown(self) -> None:
         if self.consumer is not None:

@@ -132,7 +132,8 @@ class BatchStage(Stage):
         otherwise cost the most; when lightly loaded, nothing waits for a batch to fill.
         """
         self.poll_gaps.tick()
-        return consume_ready(consumer, self.batch_size, 0.2)
+        timeout = 0.2 if self._restores is None else self._restores.poll_timeout(0.2)
+        return consume_ready(consumer, self.batch_size, timeout)
 
     @property
     def membership(self) -> Membership:

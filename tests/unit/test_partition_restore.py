@@ -531,3 +531,33 @@ def test_the_broker_time_probe_reports_only_a_delivered_log_append_time(
     assert len(FakeProducer.made) == 1  # one producer for every probe
     probe.close()
     assert producer.flushes[-1] == 5.0
+
+
+def test_polls_are_short_only_while_a_restore_runs(
+        tmp_path: Path, committed: dict[TP, int]) -> None:
+    """A finished restore's partitions resume at the next poll: while one runs, the runtime
+    polls briefly; idle, or with only a failed restore waiting for its retry, it does not."""
+    stage = StatefulStage(_settings(tmp_path), "retry-t")
+    consumer = RecordingConsumer()
+    restores = stage._restores
+    assert restores is not None
+    try:
+        assert restores.poll_timeout(0.2) == 0.2  # nothing assigned
+        stage.gate.clear()  # the restore holds
+        _assign(stage, consumer, [1])
+        assert restores.poll_timeout(0.2) == partition_restore.RESTORE_POLL_S
+        assert restores.poll_timeout(0.01) == 0.01  # never longer than asked
+        stage.fail = {1}
+        stage.gate.set()
+        _settle(restores.restorer)
+        _batch(stage, consumer, [])
+        assert restores.failing == {1}
+        assert restores.poll_timeout(0.2) == 0.2  # a failed one waits for its retry
+        stage.fail = set()
+        time.sleep(RETRY_S)
+        _batch(stage, consumer, [])  # the retry started
+        _settle(restores.restorer)
+        _batch(stage, consumer, [])
+        assert restores.waiting == set() and restores.poll_timeout(0.2) == 0.2
+    finally:
+        restores.close()
