@@ -106,11 +106,24 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
     if ephemeral and not settings.partitions:
         settings = settings.replace(partitions=plan.partitions())
     with hold_data_dir(settings):
-        settings = adopt_partitions(settings)
-        created = [name for name, how in create_topics(settings, fresh=ephemeral).items()
-                   if how == "created"]
+        # With its partition count known (always, for a one-off crawl) a worker needs
+        # nothing of the broker: the workers start, and import, while the topics are made
+        # (each waits for its topics before it joins its group).
+        fleet = _fleet(settings, plan) if settings.partitions else None
+        if fleet is not None:
+            fleet.start()
+            phases.mark("workers_started")
+        try:
+            settings = adopt_partitions(settings)
+            created = [name for name, how in create_topics(settings, fresh=ephemeral).items()
+                       if how == "created"]
+        except BaseException:
+            if fleet is not None:
+                fleet.stop()
+            raise
         phases.mark("topics")
-        summary = _crawl(settings, seeds, plan, console, timeout_s, phases)
+        summary = _crawl(settings, seeds, plan, console, timeout_s, phases,
+                         fleet or _fleet(settings, plan))
         if ephemeral and not keep_topics:
             try:
                 summary.topics_deleted = len(delete_topics(settings, topics=created))
@@ -125,19 +138,23 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
     return summary
 
 
+def _fleet(settings: Settings, plan: Plan) -> Fleet:
+    return Fleet(settings, plan, settings.data_dir / "logs" / settings.topic_prefix.rstrip("."))
+
+
 def _crawl(settings: Settings, seeds: list[str], plan: Plan, console: Console,
-           timeout_s: float | None, phases: Phases) -> Summary:
-    """Start the fleet on provisioned topics, publish, watch until drained; stop the fleet.
+           timeout_s: float | None, phases: Phases, fleet: Fleet) -> Summary:
+    """Start the fleet (unless started) on provisioned topics, publish, watch until drained;
+    stop the fleet.
 
     The seeds are published while the workers start (their groups read from the earliest
     offset), so the first request goes out as soon as the fetch group has joined. Once
     drained, every worker but the store's is told to stop while the summary is read from
     the store, which is stopped last."""
-    fleet = Fleet(settings, plan, settings.data_dir / "logs" / settings.topic_prefix.rstrip("."))
-    started = time.monotonic()
-    start_wall = time.time()
-    fleet.start()
-    phases.mark("workers_started")
+    if not fleet.started:
+        fleet.start()
+        phases.mark("workers_started")
+    started, start_wall = fleet.started_at, fleet.started_wall
     try:
         published_wall = time.time()
         report = publish(seeds, settings)

@@ -21,11 +21,13 @@ from core.config import TABLE_FIELDS, Secret, Settings
 from schemas.topics import analytics_stages, stages
 
 PARTITIONS_PER_WORKER = 4
-#: Stages whose workers begin once a fetch worker has finished a request (at most
+#: Stages whose workers begin once a fetch worker has joined its group (at most
 #: ``LATE_START_S`` after the others; ``worker_main --defer-s``): in a crawl's first seconds
 #: they have nothing to do, and five interpreters importing at once on two cores delay the
 #: first request by the start-up of the two it does not need. They read their inputs from
-#: the earliest offset: nothing is missed.
+#: the earliest offset: nothing is missed. Not later (tried: after the first request): the
+#: quarantine app still starting while the first blocks came in let a banned profile ask
+#: again after its quarantine was decided.
 LATE_STAGES = ("retry", "quarantine")
 LATE_START_S = 3.0
 #: How long a stopping crawl waits for an analytics worker (the quarantine app) to exit.
@@ -98,8 +100,16 @@ class Fleet:
         self.restarts = 0
         self._env = {**os.environ, **settings_env(settings)}
         self._env.pop("CRAWLFLEET_CONFIG", None)
+        #: When the workers were started (monotonic, and Unix time); 0.0 before.
+        self.started_at = self.started_wall = 0.0
+        self._signalled: dict[str, float] = {}  # worker → when it was first told to stop
+
+    @property
+    def started(self) -> bool:
+        return bool(self.procs)
 
     def start(self) -> None:
+        self.started_at, self.started_wall = time.monotonic(), time.time()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for stage, n in self.plan.processes().items():
             for i in range(n):
@@ -127,19 +137,21 @@ class Fleet:
         for wid, p in self.procs.items():
             if p.poll() is None and wid.rsplit("-", 1)[0] not in but:
                 p.send_signal(signal.SIGTERM)
+                self._signalled.setdefault(wid, time.monotonic())
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM every worker and wait up to ``timeout_s`` for each (then SIGKILL); an
         analytics worker gets ``ANALYTICS_STOP_S``: at least once by design, it redoes
         from its committed offsets whatever a kill cuts short, and a faust app still
-        starting up can take seconds to stop."""
+        starting up can take seconds to stop. A grace counts from the worker's first
+        SIGTERM (:meth:`signal` may have sent it earlier)."""
         self.signal()
         now = time.monotonic()
         analytics = analytics_stages()
         for wid, p in self.procs.items():
             grace = ANALYTICS_STOP_S if wid.rsplit("-", 1)[0] in analytics else timeout_s
             try:
-                p.wait(max(0.1, now + grace - time.monotonic()))
+                p.wait(max(0.1, self._signalled.get(wid, now) + grace - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()

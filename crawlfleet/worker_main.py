@@ -47,13 +47,13 @@ def run_worker(stage: str, s: Settings, worker_id: str | None) -> None:
 
 
 def _reach_cluster(s: Settings, stop: Any, stage: str, name: str) -> Settings | None:
-    """``s`` on its cluster, its topics' partition count adopted, once a broker answers;
-    None if the worker was stopped while waiting. The wait shows in the worker's status file
-    (and its metrics, when served) under the worker's own name."""
+    """``s`` on its cluster, its topics' partition count adopted, once a broker answers and
+    its topics exist; None if the worker was stopped while waiting. The wait shows in the
+    worker's status file (and its metrics, when served) under the worker's own name."""
     from crawlfleet.reach import reach_kafka
-    from infra.topics import adopt_partitions
+    from infra.topics import adopt_partitions, topology_of
     from streams.status import StatusFile
-    from streams.worker import wait_for_kafka
+    from streams.worker import wait_for_kafka, wait_for_topics
     waiting = StatusFile(s.status_dir, stage, name)
     if s.metrics_port >= 0:
         waiting.metrics.serve(s, waiting)
@@ -64,7 +64,13 @@ def _reach_cluster(s: Settings, stop: Any, stage: str, name: str) -> Settings | 
                 waiting.remove()
                 return None
             try:
-                return adopt_partitions(reach_kafka(found))
+                reached = reach_kafka(found)
+                # Its topics first: an automatic partition count is read from them.
+                names = [t.name for t in topology_of(reached).specs()]
+                if not wait_for_topics(reached, names, stop, waiting, f"{stage} {name}"):
+                    waiting.remove()
+                    return None
+                return adopt_partitions(reached)
             except InfraError as exc:  # the broker went away again in between
                 logging.getLogger("crawlfleet.worker").warning("%s %s: %s", stage, name, exc)
                 stop.wait(1.0)
@@ -89,21 +95,14 @@ def _stage(stage: str, s: Settings, worker_id: str | None, stop: Any) -> Any:
     return getattr(importlib.import_module(module), cls)(s, worker_id, stop)
 
 
-#: Counters of a fetch worker that each count a finished request's outcome.
-FETCH_OUTCOMES = ("fetched", "retries", "dead")
-
-
-def await_first_fetch(status_dir: Path, limit_s: float) -> None:
-    """Return once a fetch worker's status counts a finished request, or after ``limit_s``
-    (a late stage's deferred start: see ``crawlfleet.fleet.LATE_STAGES``). Not sooner:
-    a late stage's start-up (imports, its group's join, its restore) on two busy cores
-    would delay the first request it has no part in."""
+def await_fetch_join(status_dir: Path, limit_s: float) -> None:
+    """Return once a fetch worker's status says it has joined its group, or after
+    ``limit_s`` (a late stage's deferred start: see ``crawlfleet.fleet.LATE_STAGES``)."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         for path in status_dir.glob("fetch-*.json"):
             try:
-                counters = json.loads(path.read_text()).get("counters", {})
-                if any(counters.get(k, 0) > 0 for k in FETCH_OUTCOMES):
+                if json.loads(path.read_text()).get("rebalances", 0) > 0:
                     return
             except (OSError, ValueError, AttributeError):
                 continue  # being written, or not a status
@@ -141,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings()
         if defer_s > 0:
-            await_first_fetch(settings.status_dir, defer_s)
+            await_fetch_join(settings.status_dir, defer_s)
         run_worker(args[0], settings, worker_id)
     except CrawlfleetError as exc:
         print(f"error: {exc}", file=sys.stderr)

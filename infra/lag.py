@@ -39,9 +39,15 @@ class LagProbe:
         """(next offset ``group`` reads, end offset) per partition; None if unavailable."""
         c = self._consumers.get(group)
         if c is None:
+            # read_uncommitted: the offsets committed now, never a wait for a pending
+            # transaction's (a read_committed client asks for stable offsets: the broker
+            # refuses them, UNSTABLE_OFFSET_COMMIT, while a transaction's offsets are
+            # pending, and the client asks again until it ends). A pending commit's
+            # offsets are not counted yet: the lag reads higher, never lower.
             c = self._consumers[group] = Consumer({**self._settings.kafka_common(),
                                                    "group.id": group,
-                                                   "enable.auto.commit": False})
+                                                   "enable.auto.commit": False,
+                                                   "isolation.level": "read_uncommitted"})
         tps = [TopicPartition(t, p) for t in topics for p in range(partitions)]
         try:
             committed = c.committed(tps, timeout=10)

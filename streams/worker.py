@@ -110,6 +110,54 @@ def kafka_target(settings: Settings) -> tuple[Settings | None, str]:
                   "local broker (`crawlfleet kafka up`)")
 
 
+#: A worker waiting for its topics looks every ``TOPICS_LOOK_S`` for ``TOPICS_QUICK_S``
+#: (a crawl makes them while its workers start), then backs off to ``WAIT_MAX_S``; it says
+#: so (log, status) only once it has waited ``TOPICS_QUIET_S``.
+TOPICS_LOOK_S, TOPICS_QUICK_S, TOPICS_QUIET_S = 0.05, 2.0, 1.0
+
+
+def wait_for_topics(settings: Settings, names: list[str], stop: StopFlag,
+                    status: StatusFile | None = None, what: str = "worker") -> bool:
+    """Block until the cluster has every topic of ``names``: True, or False if stopped.
+
+    A worker starts with its crawl, while the crawl makes its topics, or is deployed before
+    ``crawlfleet topics create``: it joins its group only once its topics exist (a consumer
+    subscribed to a topic that does not exist yet learns of it only at a later metadata
+    refresh, its partitions unassigned meanwhile), and a long wait is said like the wait
+    for Kafka (log, ``topics_waiting`` gauge, ``waiting`` text).
+    """
+    admin = AdminClient({**settings.kafka_common(), "log_level": 0})
+    began = time.monotonic()
+    said_at: float | None = None
+    delay = TOPICS_LOOK_S
+    while not stop.requested:
+        try:
+            metadata = admin.list_topics(timeout=5.0).topics
+            missing = [n for n in names if n not in metadata or metadata[n].error is not None]
+            reason = f"{len(missing)} topic(s) not created yet ({', '.join(sorted(missing)[:3])}" \
+                f"{', ...' if len(missing) > 3 else ''}; `crawlfleet topics create` makes them)"
+        except KafkaException as exc:
+            missing, reason = list(names), exc.args[0].str()
+        now = time.monotonic()
+        if not missing:
+            if said_at is not None:
+                log.info("%s: its topics exist after %.1f s of waiting", what, now - began)
+            if status is not None and status.waiting:
+                status.waiting_for("", "topics_waiting")
+            return True
+        if now - began >= TOPICS_QUIET_S:
+            if said_at is None or now - said_at >= WAIT_LOG_EVERY_S:
+                said_at = now
+                log.warning("%s: waiting for its topics (%.0f s so far): %s", what,
+                            now - began, reason)
+            if status is not None:
+                status.waiting_for(f"topics: {reason}", "topics_waiting", now - began)
+        stop.wait(delay)
+        if now - began >= TOPICS_QUICK_S:
+            delay = min(WAIT_MAX_S, delay * 2)
+    return False
+
+
 #: A session that failed waits this long before the next one joins (the rejoin is within
 #: the session timeout, so static membership keeps the partitions).
 REJOIN_PAUSE_S = 1.0

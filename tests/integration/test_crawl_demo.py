@@ -78,7 +78,8 @@ def test_crawl_stores_exactly_the_reachable_allowed_pages(settings: Settings,
     assert 0 < summary.hop_ms["p50"] <= summary.hop_ms["p99"]
     # The phases of its time, in order from the command's start.
     ph = summary.phases
-    assert ph["topics"] <= ph["workers_started"] <= ph["published"] <= ph["drained"] \
+    # Its partition count is set: the workers start while the topics are made.
+    assert ph["workers_started"] <= ph["topics"] <= ph["published"] <= ph["drained"] \
         <= ph["stopped"] <= ph["ended"], ph
     assert ph["first_fetch"] <= ph["last_store"] <= ph["drained"], ph
 

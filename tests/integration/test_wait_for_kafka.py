@@ -112,3 +112,36 @@ def test_every_stage_waits_for_kafka_and_then_starts(
             forwarder.close()
     report("wait-for-kafka", said_waiting_s=round(said_in, 2),
            started_after_kafka_s=round(started_in, 2))
+
+
+def test_every_stage_started_before_its_topics_waits_for_them_and_then_starts(
+        settings: Settings, site_port: int, fleet: Callable[[Settings], Workers]) -> None:
+    """A crawl starts its workers while it makes its topics, and a deployment may start
+    them before ``crawlfleet topics create``: each waits for its topics, says so once the
+    wait is long, and joins its group when they exist (none exits, none joins early)."""
+    ws = fleet(settings)
+    with BehaviourSite(site_port, {HOST: Behaviour()}) as site:
+        try:
+            for stage in STAGES:
+                ws.start(stage, f"{stage}-0")
+
+            def all_waiting() -> bool:
+                for w in ws.all.values():
+                    assert w.alive(), f"{w.wid} exited:\n{w.log_tail()}"
+                return all("waiting for its topics" in w.log()
+                           and w.status().get("waiting", "").startswith("topics: ")
+                           and w.gauge("topics_waiting") == 1 for w in ws.all.values())
+
+            wait_until(all_waiting, 30, "every stage to say it waits for its topics")
+            assert all(w.status().get("rebalances", 0) == 0 for w in ws.all.values())
+            create_all_topics(settings)
+            wait_until(lambda: all(w.alive() and not w.status().get("waiting")
+                                   and w.gauge("topics_waiting") == 0
+                                   and w.status().get("rebalances", 0) > 0
+                                   for w in ws.all.values()), 60,
+                       "every stage to join its group once its topics exist")
+            publish_seeds(settings, site.urls(HOST, 5))
+            wait_drained(settings, ws, 120, lambda: page_counts(settings).final >= 5)
+            assert page_counts(settings).final == 5
+        finally:
+            ws.close()

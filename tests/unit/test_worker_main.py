@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from crawlfleet.phases import Phases, process_age_s
-from crawlfleet.worker_main import await_first_fetch, main
+from crawlfleet.worker_main import await_fetch_join, main
 
 
 @pytest.mark.parametrize("argv", [[], ["--worker-id"], ["fetch", "parse"], ["--x"],
@@ -28,24 +28,18 @@ def test_unknown_stage_is_a_clear_error(capsys: pytest.CaptureFixture[str],
     assert "unknown stage 'fetchh'" in err and "fetch" in err
 
 
-@pytest.mark.parametrize("outcome", ["fetched", "retries", "dead"])
-def test_a_deferred_start_waits_for_a_finished_request_or_its_limit(
-        tmp_path: Path, outcome: str) -> None:
+def test_a_deferred_start_waits_for_a_fetch_member_or_its_limit(tmp_path: Path) -> None:
     began = time.monotonic()
-    await_first_fetch(tmp_path, 0.3)  # no fetch worker: waits out the limit
+    await_fetch_join(tmp_path, 0.3)  # nobody joined: waits out the limit
     assert time.monotonic() - began >= 0.3
-    # A fetch worker joined, its partitions restored, nothing requested yet; a parse worker
-    # that has handled records does not count.
-    (tmp_path / "fetch-fetch-0.json").write_text(json.dumps(
-        {"rebalances": 1, "counters": {"restores": 1, "consumed": 8}}))
-    (tmp_path / "parse-parse-0.json").write_text(json.dumps({"counters": {outcome: 5}}))
+    (tmp_path / "fetch-fetch-0.json").write_text(json.dumps({"rebalances": 0}))
+    (tmp_path / "parse-parse-0.json").write_text(json.dumps({"rebalances": 2}))
     began = time.monotonic()
-    await_first_fetch(tmp_path, 0.3)
+    await_fetch_join(tmp_path, 0.3)  # a fetch worker not joined yet, a parse one joined
     assert time.monotonic() - began >= 0.3
-    (tmp_path / "fetch-fetch-0.json").write_text(json.dumps(
-        {"rebalances": 1, "counters": {"restores": 1, outcome: 1}}))
+    (tmp_path / "fetch-fetch-0.json").write_text(json.dumps({"rebalances": 1}))
     began = time.monotonic()
-    await_first_fetch(tmp_path, 30.0)
+    await_fetch_join(tmp_path, 30.0)
     assert time.monotonic() - began < 5.0
 
 
