@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from confluent_kafka import Message, TopicPartition
@@ -55,10 +56,17 @@ class FetchStores:
         offsets = stable_committed(self.s, self.topo.group("fetch"), self.membership.expand(
             [TopicPartition(self.topo.frontier, p) for p in parts]))
         timeout = self.s.restore_timeout_s
-        n, failed = self.seen.restore_partitions(self.s, self.topo.seen, sorted(parts),
-                                                 self.enc.codec, timeout)
-        failed |= self.parked.store.restore(self.s, self.topo.parked, sorted(parts - failed),
-                                            parked_transform(self.enc), timeout)
+        # The two stores restore side by side (their own DBs and changelog readers): opening
+        # a new partition's RocksDB is most of a new crawl's restore, and it releases the GIL.
+        with ThreadPoolExecutor(1, thread_name_prefix="parked-restore") as side:
+            parked = side.submit(self.parked.store.restore, self.s, self.topo.parked,
+                                 sorted(parts), parked_transform(self.enc), timeout)
+            n, failed = self.seen.restore_partitions(self.s, self.topo.seen, sorted(parts),
+                                                     self.enc.codec, timeout)
+            parked_failed = parked.result()
+        for p in failed - parked_failed:  # unused until both restore (then reopened)
+            self.parked.store.drop(p)
+        failed |= parked_failed
         targets = [t for p in sorted(parts - failed) for t in self.parked.restored(p)]
         return failed, (offsets, targets, n, time.monotonic() - began)
 

@@ -1,8 +1,5 @@
-"""Which Kafka cluster a command uses, and whether it answers: light enough for workers.
-
-A worker process imports this (not :mod:`crawlfleet.crawl`, whose store and frontier
-modules it never uses) before it joins its group.
-"""
+"""Which Kafka cluster a command uses, and whether it answers (a worker waits for its
+broker instead: :func:`streams.worker.wait_for_kafka`)."""
 
 from __future__ import annotations
 

@@ -50,7 +50,6 @@ def _reach_cluster(s: Settings, stop: Any, stage: str, name: str) -> Settings | 
     """``s`` on its cluster, its topics' partition count adopted, once a broker answers and
     its topics exist; None if the worker was stopped while waiting. The wait shows in the
     worker's status file (and its metrics, when served) under the worker's own name."""
-    from crawlfleet.reach import reach_kafka
     from infra.topics import adopt_partitions, topology_of
     from streams.status import StatusFile
     from streams.worker import wait_for_kafka, wait_for_topics
@@ -64,13 +63,13 @@ def _reach_cluster(s: Settings, stop: Any, stage: str, name: str) -> Settings | 
                 waiting.remove()
                 return None
             try:
-                reached = reach_kafka(found)
-                # Its topics first: an automatic partition count is read from them.
-                names = [t.name for t in topology_of(reached).specs()]
-                if not wait_for_topics(reached, names, stop, waiting, f"{stage} {name}"):
+                # Its topics first (their wait also shows the broker still answers): an
+                # automatic partition count is read from them.
+                names = [t.name for t in topology_of(found).specs()]
+                if not wait_for_topics(found, names, stop, waiting, f"{stage} {name}"):
                     waiting.remove()
                     return None
-                return adopt_partitions(reached)
+                return adopt_partitions(found)
             except InfraError as exc:  # the broker went away again in between
                 logging.getLogger("crawlfleet.worker").warning("%s %s: %s", stage, name, exc)
                 stop.wait(1.0)
