@@ -21,7 +21,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     Consumer,
     IsolationLevel,
     KafkaError,
@@ -65,7 +64,8 @@ def live_entries(settings: Settings, topic: str, partitions: int,
             "enable.auto.commit": False, "isolation.level": "read_committed",
             "enable.partition.eof": True, "auto.offset.reset": "earliest",
             "fetch.wait.max.ms": 10}
-    ends = high_watermarks(settings, topic, range(partitions), timeout_s)
+    admin = AdminClient(settings.kafka_common())
+    ends = high_watermarks(settings, topic, range(partitions), timeout_s, admin)
     for p in range(partitions):
         out.counts[p] = 0
         out.keys[p] = set()
@@ -74,7 +74,10 @@ def live_entries(settings: Settings, topic: str, partitions: int,
         todo = {p for p, high in ends.items() if high > 0}
         if not todo:
             return out
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(todo)])
+        # From each log start as an offset, not OFFSET_BEGINNING: a new client's lookup of
+        # a logical offset waits out librdkafka's offset-query back-off (~0.5 s measured).
+        starts = high_watermarks(settings, topic, sorted(todo), timeout_s, admin, low=True)
+        consumer.assign([TopicPartition(topic, p, starts[p]) for p in sorted(todo)])
         live: dict[int, dict[bytes, bool]] = {p: {} for p in todo}
         reached: dict[int, int] = {}
         deadline = time.monotonic() + timeout_s
@@ -118,16 +121,18 @@ _LEADER_UNKNOWN = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION,
 
 
 def high_watermarks(settings: Settings, topic: str, partitions: Iterable[int],
-                    timeout_s: float = 10.0, admin: AdminClient | None = None) -> dict[int, int]:
-    """The high watermark of each partition, in one request (read_uncommitted: a
-    ``read_committed`` client's watermark is the last stable offset instead).
+                    timeout_s: float = 10.0, admin: AdminClient | None = None,
+                    low: bool = False) -> dict[int, int]:
+    """The high (``low``: the low) watermark of each partition, in one request
+    (read_uncommitted: a ``read_committed`` client's watermark is the last stable offset
+    instead).
 
     A retriable refusal (a partition whose leader the broker does not know yet, e.g. just
     after the topic was created or while a leader moves) is asked again until
     ``timeout_s``."""
     admin = admin if admin is not None else AdminClient(settings.kafka_common())
-    asked = {TopicPartition(topic, p): OffsetSpec.latest()  # type: ignore[no-untyped-call]
-             for p in partitions}
+    spec = OffsetSpec.earliest() if low else OffsetSpec.latest()  # type: ignore[no-untyped-call]
+    asked = {TopicPartition(topic, p): spec for p in partitions}
     deadline = time.monotonic() + timeout_s
     while True:
         try:
