@@ -178,7 +178,21 @@ class ControlReader:
                                    "group.id": f"crawlfleet-control-{uuid.uuid4().hex}",
                                    "enable.auto.commit": False,
                                    "isolation.level": "read_committed"})
-        self._consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        self._tp = TopicPartition(topic, 0)
+        self._assigned = False
+
+    def _assign(self) -> None:
+        """Read from the log start, given as an offset: a new client's lookup of
+        OFFSET_BEGINNING waits out librdkafka's offset-query back-off (0.5 s measured, at
+        every worker's start once the topic holds a record)."""
+        if self._assigned:
+            return
+        try:
+            start, _ = self._consumer.get_watermark_offsets(self._tp, timeout=5.0)
+        except KafkaException:
+            start = OFFSET_BEGINNING  # asked again by librdkafka itself
+        self._consumer.assign([TopicPartition(self._tp.topic, 0, start)])
+        self._assigned = True
 
     def catch_up(self, timeout_s: float) -> bool:
         """Read to the end the topic had when called (True), or give up after ``timeout_s``.
@@ -187,9 +201,10 @@ class ControlReader:
         backlog report) holds the reader until that transaction ends, which it does within
         the transaction timeout.
         """
-        tp = self._consumer.assignment()[0]
+        tp = self._tp
         deadline = time.monotonic() + timeout_s
         try:
+            self._assign()
             _, end = self._consumer.get_watermark_offsets(tp, timeout=max(0.1, timeout_s))
         except KafkaException:
             return False
@@ -205,6 +220,7 @@ class ControlReader:
     def poll(self, timeout: float = 0.0) -> bool:
         """Apply any new control records; True if the state changed."""
         before = self.state.version
+        self._assign()
         for msg in consume_ready(self._consumer, 100, timeout):
             err = msg.error()
             if err is not None:
