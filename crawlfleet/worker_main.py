@@ -63,9 +63,11 @@ def _reach_cluster(s: Settings, stop: Any, stage: str, name: str) -> Settings | 
                 waiting.remove()
                 return None
             try:
-                # Its topics first (their wait also shows the broker still answers): an
-                # automatic partition count is read from them.
-                names = [t.name for t in topology_of(found).specs()]
+                # Its input topics first (their wait also shows the broker still answers):
+                # its consumer subscribes to them, and an automatic partition count is read
+                # from them. Not every topic: a changelog missing is its restore's failure
+                # to report (its partitions stay paused), not a reason to stay out.
+                names = topology_of(found).inputs(stage)
                 if not wait_for_topics(found, names, stop, waiting, f"{stage} {name}"):
                     waiting.remove()
                     return None
