@@ -92,11 +92,16 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
     """
     console = console or Console(stderr=True)
     phases = Phases()
-    if not settings.bootstrap_servers and not kafka_local.status().running:
+    starting = not settings.bootstrap_servers and not kafka_local.status().running
+    if starting:
         console.print("no Kafka configured and the local broker is not running: starting it "
                       "(`crawlfleet kafka up`; `crawlfleet kafka down` stops it)")
-    settings = resolve_bootstrap(settings, start_local=True)
-    phases.mark("broker")
+        # Its address is known once it is spawned: the workers start (and wait for it)
+        # while it comes up; the crawl waits for it before it makes its topics.
+        settings = settings.replace(bootstrap_servers=kafka_local.up(wait=False))
+    else:
+        settings = resolve_bootstrap(settings, start_local=True)
+        phases.mark("broker")
     seeds = list(seeds)
     if settings.scope == "seeds" and not settings.allowed_targets:
         settings = settings.replace(allowed_targets=_seed_targets(seeds, settings))
@@ -114,6 +119,9 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
             fleet.start()
             phases.mark("workers_started")
         try:
+            if starting:
+                kafka_local.up()
+                phases.mark("broker")
             settings = adopt_partitions(settings)
             created = [name for name, how in create_topics(settings, fresh=ephemeral).items()
                        if how == "created"]
@@ -123,7 +131,8 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
             raise
         phases.mark("topics")
         summary = _crawl(settings, seeds, plan, console, timeout_s, phases,
-                         fleet or _fleet(settings, plan))
+                         fleet or _fleet(settings, plan),
+                         frontier_empty=topology_of(settings).frontier in created)
         if ephemeral and not keep_topics:
             try:
                 summary.topics_deleted = len(delete_topics(settings, topics=created))
@@ -143,7 +152,8 @@ def _fleet(settings: Settings, plan: Plan) -> Fleet:
 
 
 def _crawl(settings: Settings, seeds: list[str], plan: Plan, console: Console,
-           timeout_s: float | None, phases: Phases, fleet: Fleet) -> Summary:
+           timeout_s: float | None, phases: Phases, fleet: Fleet,
+           frontier_empty: bool = False) -> Summary:
     """Start the fleet (unless started) on provisioned topics, publish, watch until drained;
     stop the fleet.
 
@@ -157,7 +167,7 @@ def _crawl(settings: Settings, seeds: list[str], plan: Plan, console: Console,
     started, start_wall = fleet.started_at, fleet.started_wall
     try:
         published_wall = time.time()
-        report = publish(seeds, settings)
+        report = publish(seeds, settings, frontier_empty=frontier_empty)
         phases.mark("published")
         for line, reason in report.errors:
             console.print(f"seed line {line}: {reason}", style="yellow", markup=False)

@@ -377,7 +377,7 @@ def _wait_ready(home: Path, cluster: _Cluster, node_ids: Sequence[int], timeout_
                 f"{broker_port(cluster.base_port, node_id)} within {timeout_s:.0f}s; it is left "
                 f"running (`crawlfleet kafka down` stops it).\n{_logs(home, node_id)}"
             )
-        time.sleep(0.5)
+        time.sleep(0.1)  # a crawl waits on this: a tenth of a second at most adds to it
 
 
 def _logs(home: Path, node_id: int) -> str:
@@ -396,14 +396,18 @@ def _logs(home: Path, node_id: int) -> str:
 def up(
     nodes: int = 1,
     base_dir: Path | None = None,
-    base_port: int = DEFAULT_BASE_PORT,
+    base_port: int | None = None,
     heap_mb: int = 512,
     timeout_s: float = 120.0,
+    wait: bool = True,
 ) -> str:
-    """Start (or adopt) the local cluster and return its bootstrap servers once all answer.
+    """Start (or adopt) the local cluster and return its bootstrap servers once all answer
+    (at once with ``wait=False``: a caller with other work to do meanwhile, such as a crawl
+    starting its workers, calls ``up()`` again to wait).
 
     Idempotent: running nodes are left alone, nodes whose process is gone are restarted on their
-    existing data, and a fresh home is resolved, formatted and started from scratch.
+    existing data, and a fresh home is resolved, formatted and started from scratch. Without
+    ``base_port``: the recorded cluster's, else ``DEFAULT_BASE_PORT``.
     """
     if nodes not in _VALID_NODE_COUNTS:
         raise InfraError(f"nodes must be 1 or 3, not {nodes}")
@@ -413,13 +417,17 @@ def up(
     with _locked(home / ".cluster.lock"):
         cluster = _prepare_cluster(home, nodes, base_port, heap_mb)
         _start_nodes(home, cluster, cluster.node_ids())
-        _wait_ready(home, cluster, cluster.node_ids(), timeout_s)
+        if wait:
+            _wait_ready(home, cluster, cluster.node_ids(), timeout_s)
     return cluster.bootstrap()
 
 
-def _prepare_cluster(home: Path, nodes: int, base_port: int, heap_mb: int) -> _Cluster:
+def _prepare_cluster(home: Path, nodes: int, base_port: int | None,
+                     heap_mb: int) -> _Cluster:
     """Load the recorded cluster (checking it matches) or create and record a new one."""
     recorded = _read_cluster(home)
+    if base_port is None:
+        base_port = recorded.base_port if recorded is not None else DEFAULT_BASE_PORT
     if recorded is not None:
         _check_compatible(home, recorded, nodes, base_port)
     jars = ensure_jars(home)

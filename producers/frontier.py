@@ -140,9 +140,11 @@ class TopicsMissingError(ConfigError):
 
 
 def publish(lines: Iterable[str], settings: Settings,
-            profile: str | None = None) -> PublishReport:
+            profile: str | None = None, frontier_empty: bool = False) -> PublishReport:
     """Publish every good line to the frontier (idempotent producer, acks=all); ``profile``
-    pins the lines that name none (:func:`parse_line`).
+    pins the lines that name none (:func:`parse_line`). ``frontier_empty``: the caller has
+    just made the frontier topics (a one-off crawl), so the frontier gate knows its lag
+    without asking the broker for the first second.
 
     Topics that do not exist are found before anything is sent (a producer would otherwise
     wait out its delivery timeout on them): :class:`TopicsMissingError`, with the bad lines.
@@ -168,7 +170,7 @@ def publish(lines: Iterable[str], settings: Settings,
         if err is not None:
             failures.append(str(err))
 
-    gate = FrontierGate(settings)
+    gate = FrontierGate(settings, known_lag=0 if frontier_empty else None)
     try:
         for job in jobs_from_lines(lines, settings, report, profile):
             if gate.over():  # the frontier is full: wait for fetching to catch up

@@ -18,7 +18,14 @@ from streams.control import ControlReader
 
 
 class FrontierGate:
-    def __init__(self, settings: Settings, probe_interval_s: float = 1.0) -> None:
+    """``known_lag``: the lag now, known without a measurement (a crawl's brand-new
+    frontier holds 0): the first one then comes an interval later. Asking a freshly started
+    broker for the fetch group's offsets waits for its group coordinator (a second or more
+    while it loads or creates its offsets topic), and the crawl's seeds would wait for it.
+    """
+
+    def __init__(self, settings: Settings, probe_interval_s: float = 1.0,
+                 known_lag: int | None = None) -> None:
         self.bound = settings.frontier_lag_bound
         topo = topology_of(settings)
         self._group = topo.group("fetch")
@@ -28,9 +35,9 @@ class FrontierGate:
         self._probe = LagProbe(settings) if self.bound > 0 else None
         self._control = ControlReader(settings, topo.control, default_codec()) \
             if self.bound > 0 else None
-        self._lag = 0
+        self._lag = known_lag or 0
         self._added = 0
-        self._at = float("-inf")
+        self._at = float("-inf") if known_lag is None else time.monotonic()
 
     @property
     def estimate(self) -> int:

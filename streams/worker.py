@@ -11,6 +11,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka import (
@@ -110,10 +111,48 @@ def kafka_target(settings: Settings) -> tuple[Settings | None, str]:
                   "local broker (`crawlfleet kafka up`)")
 
 
-#: A worker waiting for its topics looks every ``TOPICS_LOOK_S`` for ``TOPICS_QUICK_S``
-#: (a crawl makes them while its workers start), then backs off to ``WAIT_MAX_S``; it says
-#: so (log, status) only once it has waited ``TOPICS_QUIET_S``.
-TOPICS_LOOK_S, TOPICS_QUICK_S, TOPICS_QUIET_S = 0.05, 2.0, 1.0
+#: A worker that waits looks every ``QUICK_LOOK_S`` for its first ``QUICK_S`` (a crawl makes
+#: its topics while its workers start; a local broker it started answers a few seconds
+#: later), then backs off from ``WAIT_FIRST_S`` to ``WAIT_MAX_S``.
+QUICK_LOOK_S, QUICK_S = 0.05, 10.0
+#: A wait for topics is said (log, status) only once it has lasted ``TOPICS_QUIET_S``.
+TOPICS_QUIET_S = 1.0
+
+
+def wait_until(look: Callable[[], str | None], stop: StopFlag, status: StatusFile | None,
+               what: str, *, gauge: str, subject: str, status_subject: str,
+               quiet_s: float = 0.0) -> bool:
+    """Call ``look`` (None once the condition holds, else why not) until it holds: True, or
+    False if stopped.
+
+    The one wait of a worker for what a moment cures (its broker, its topics): quick looks
+    first, then back-off; once it has waited ``quiet_s`` it says so -- a log line now and
+    every ``WAIT_LOG_EVERY_S``, the ``gauge`` at 1 and ``status_subject: reason`` as its
+    status's ``waiting`` text -- and says when it is over.
+    """
+    began = time.monotonic()
+    said_at: float | None = None
+    delay = QUICK_LOOK_S
+    while not stop.requested:
+        reason = look()
+        now = time.monotonic()
+        if reason is None:
+            if said_at is not None:
+                log.info("%s: done waiting for %s after %.1f s", what, subject, now - began)
+            if status is not None and status.waiting:
+                status.waiting_for("", gauge)
+            return True
+        if now - began >= quiet_s:
+            if said_at is None or now - said_at >= WAIT_LOG_EVERY_S:
+                said_at = now
+                log.warning("%s: waiting for %s (%.0f s so far): %s", what, subject,
+                            now - began, reason)
+            if status is not None:
+                status.waiting_for(f"{status_subject}: {reason}", gauge, now - began)
+        stop.wait(delay)
+        if now - began >= QUICK_S:
+            delay = min(WAIT_MAX_S, max(WAIT_FIRST_S, delay * 2))
+    return False
 
 
 def wait_for_topics(settings: Settings, names: list[str], stop: StopFlag,
@@ -127,35 +166,20 @@ def wait_for_topics(settings: Settings, names: list[str], stop: StopFlag,
     for Kafka (log, ``topics_waiting`` gauge, ``waiting`` text).
     """
     admin = AdminClient({**settings.kafka_common(), "log_level": 0})
-    began = time.monotonic()
-    said_at: float | None = None
-    delay = TOPICS_LOOK_S
-    while not stop.requested:
+
+    def missing() -> str | None:
         try:
             metadata = admin.list_topics(timeout=5.0).topics
-            missing = [n for n in names if n not in metadata or metadata[n].error is not None]
-            reason = f"{len(missing)} topic(s) not created yet ({', '.join(sorted(missing)[:3])}" \
-                f"{', ...' if len(missing) > 3 else ''}; `crawlfleet topics create` makes them)"
         except KafkaException as exc:
-            missing, reason = list(names), exc.args[0].str()
-        now = time.monotonic()
-        if not missing:
-            if said_at is not None:
-                log.info("%s: its topics exist after %.1f s of waiting", what, now - began)
-            if status is not None and status.waiting:
-                status.waiting_for("", "topics_waiting")
-            return True
-        if now - began >= TOPICS_QUIET_S:
-            if said_at is None or now - said_at >= WAIT_LOG_EVERY_S:
-                said_at = now
-                log.warning("%s: waiting for its topics (%.0f s so far): %s", what,
-                            now - began, reason)
-            if status is not None:
-                status.waiting_for(f"topics: {reason}", "topics_waiting", now - began)
-        stop.wait(delay)
-        if now - began >= TOPICS_QUICK_S:
-            delay = min(WAIT_MAX_S, delay * 2)
-    return False
+            return str(exc.args[0].str())
+        gone = sorted(n for n in names if n not in metadata or metadata[n].error is not None)
+        if not gone:
+            return None
+        return (f"{len(gone)} topic(s) not created yet ({', '.join(gone[:3])}"
+                f"{', ...' if len(gone) > 3 else ''}; `crawlfleet topics create` makes them)")
+
+    return wait_until(missing, stop, status, what, gauge="topics_waiting",
+                      subject="its topics", status_subject="topics", quiet_s=TOPICS_QUIET_S)
 
 
 #: A session that failed waits this long before the next one joins (the rejoin is within
@@ -167,7 +191,10 @@ def kafka_answers(settings: Settings, timeout_s: float = 2.0) -> str | None:
     """None if a broker of ``settings`` answers a metadata request, else why not."""
     # Quiet: while the broker is down librdkafka would log every failed connect (several
     # a second); the waiting worker says so itself, once in a while.
-    admin = AdminClient({**settings.kafka_common(), "log_level": 0})
+    admin = AdminClient({**settings.kafka_common(), "log_level": 0,
+                         # a broker that opens its port mid-wait is noticed within 0.1 s
+                         # (librdkafka's reconnect back-off would grow to seconds)
+                         "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 100})
     try:
         admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
@@ -184,26 +211,17 @@ def wait_for_kafka(settings: Settings, stop: StopFlag, status: StatusFile | None
     moment cures: the worker retries with back-off and says "waiting for Kafka at X" (log,
     and the ``kafka_waiting`` gauge and ``waiting`` text of its status), never exits.
     """
-    began = time.monotonic()
-    said_at: float | None = None
-    delay = WAIT_FIRST_S
-    while not stop.requested:
-        target, where = kafka_target(settings)
+    found: list[Settings] = []
+    where = kafka_target(settings)[1]
+
+    def answers() -> str | None:
+        target, _ = kafka_target(settings)
         reason = kafka_answers(target) if target is not None else "not running"
         if reason is None and target is not None:
-            if said_at is not None:
-                log.info("%s: Kafka at %s answers after %.1f s of waiting", what, where,
-                         time.monotonic() - began)
-            if status is not None:
-                status.waiting_for("", "kafka_waiting")
-            return target
-        now = time.monotonic()
-        if said_at is None or now - said_at >= WAIT_LOG_EVERY_S:
-            said_at = now
-            log.warning("%s: waiting for Kafka at %s (%.0f s so far): %s", what, where,
-                        now - began, reason)
-        if status is not None:
-            status.waiting_for(f"Kafka at {where}: {reason}", "kafka_waiting", now - began)
-        stop.wait(delay)
-        delay = min(WAIT_MAX_S, delay * 2)
+            found.append(target)
+        return reason
+
+    if wait_until(answers, stop, status, what, gauge="kafka_waiting",
+                  subject=f"Kafka at {where}", status_subject=f"Kafka at {where}"):
+        return found[-1]
     return None
