@@ -19,6 +19,7 @@ from pathlib import Path
 
 from core.config import TABLE_FIELDS, Secret, Settings
 from schemas.topics import analytics_stages, stages
+from streams.status import read_statuses
 
 PARTITIONS_PER_WORKER = 4
 #: Stages whose workers begin once a fetch worker has joined its group (at most
@@ -141,17 +142,29 @@ class Fleet:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM every worker and wait up to ``timeout_s`` for each (then SIGKILL); an
-        analytics worker gets ``ANALYTICS_STOP_S``: at least once by design, it redoes
-        from its committed offsets whatever a kill cuts short, and a faust app still
-        starting up can take seconds to stop. A grace counts from the worker's first
-        SIGTERM (:meth:`signal` may have sent it earlier)."""
+        analytics worker gets ``ANALYTICS_STOP_S``, or none before its status says it
+        joined: at least once by design, it redoes from its committed offsets whatever a
+        kill cuts short, and a faust app still starting up can take seconds to stop. A
+        grace counts from the worker's first SIGTERM (:meth:`signal` may have sent it
+        earlier)."""
         self.signal()
         now = time.monotonic()
         analytics = analytics_stages()
+        joined = self._joined()
         for wid, p in self.procs.items():
-            grace = ANALYTICS_STOP_S if wid.rsplit("-", 1)[0] in analytics else timeout_s
+            stage = wid.rsplit("-", 1)[0]
+            # An analytics worker that has not joined its group yet has read nothing: no
+            # grace (a faust app still starting up would use all of it).
+            grace = timeout_s if stage not in analytics \
+                else ANALYTICS_STOP_S if wid in joined else 0.0
             try:
-                p.wait(max(0.1, self._signalled.get(wid, now) + grace - time.monotonic()))
+                p.wait(max(0.1 if grace else 0.0,
+                           self._signalled.get(wid, now) + grace - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+    def _joined(self) -> set[str]:
+        """The workers whose status names partitions they were assigned."""
+        return {str(st.get("worker")) for st in read_statuses(self.settings.status_dir)
+                if st.get("assignment")}
