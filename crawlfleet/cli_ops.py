@@ -87,12 +87,10 @@ def unquarantine_cmd(target: Annotated[str, typer.Argument(
                      topic_prefix: PrefixOpt = None) -> None:
     """Lift a quarantine before it ends: the target pause (default), or one profile's or
     egress's on TARGET (a tombstone on crawl.control; `crawlfleet top` lists them)."""
-    from confluent_kafka import Producer
-
     from core.errors import KafkaStageError
     from infra.topics import topology_of
     from streams.control import quarantine_key
-    from streams.io import Encoder, producer_conf
+    from streams.io import Encoder, connected_producer, producer_conf
     if profile_name and egress_name:
         _error("give --profile or --egress, not both")
         raise typer.Exit(2)
@@ -102,7 +100,7 @@ def unquarantine_cmd(target: Annotated[str, typer.Argument(
     try:
         s = _control_settings(config, bootstrap, topic_prefix)
         out = Encoder(topology_of(s), "control").control(key, None)
-        producer = Producer(producer_conf(s, "crawlfleet-control"))
+        producer = connected_producer(producer_conf(s, "crawlfleet-control"))
         producer.produce(out.topic, key=out.key, value=None, partition=out.partition)
         if producer.flush(30):
             raise KafkaStageError(f"control record {key} was not delivered")

@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import getpass
 
-from confluent_kafka import (
-    Producer,
-)
-
 from core.config import Settings
 from core.errors import KafkaStageError
 from core.versions import VersionTuple
@@ -17,7 +13,7 @@ from infra.topics import topology_of
 from schemas.codec import default_codec
 from schemas.records import Control
 from streams.control import ControlReader, approved_key, cap_key, pause_key
-from streams.io import Encoder, producer_conf
+from streams.io import Encoder, connected_producer, producer_conf
 
 
 def _send(settings: Settings, key: str, value: Control | None) -> None:
@@ -27,7 +23,7 @@ def _send(settings: Settings, key: str, value: Control | None) -> None:
 def _send_all(settings: Settings, records: list[tuple[str, Control | None]]) -> None:
     """Produce ``records`` together (one batch, in order) and wait for all of them."""
     topology = topology_of(settings)
-    producer = Producer(producer_conf(settings, "crawlfleet-control"))
+    producer = connected_producer(producer_conf(settings, "crawlfleet-control"))
     encoder = Encoder(topology, "control")
     for key, value in records:
         out = encoder.control(key, value)

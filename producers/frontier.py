@@ -32,7 +32,7 @@ from infra.topics import missing_topics, topology_of
 from producers.lineage import ENQUEUED, lineage_event, page_key
 from schemas.records import CrawlJob
 from streams.backpressure import FrontierGate
-from streams.io import Encoder, Output, producer_conf
+from streams.io import Encoder, Output, connected_producer, producer_conf
 
 
 @dataclass
@@ -163,7 +163,7 @@ def publish(lines: Iterable[str], settings: Settings,
             "with `crawlfleet topics create` (with the same --topic-prefix) and publish again",
             report)
     encoder = Encoder(topology, "publisher")
-    producer = Producer(producer_conf(settings, "crawlfleet-publisher"))
+    producer = connected_producer(producer_conf(settings, "crawlfleet-publisher"))
     failures: list[str] = []
 
     def on_delivery(err: Any, _msg: Any) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException
 
 from core.config import Settings
 from core.errors import KafkaStageError
@@ -34,7 +34,7 @@ from producers.frontier import produce_patiently
 from producers.lineage import ENQUEUED, lineage_event, page_key
 from schemas.records import CrawlJob
 from streams.backpressure import FrontierGate
-from streams.io import Encoder, producer_conf
+from streams.io import Encoder, connected_producer, producer_conf
 
 #: Job meta key of the replay id (reserved, like :data:`REDIRECT_HOPS`).
 REPLAY_META = "replay_id"
@@ -85,7 +85,7 @@ def publish_replays(jobs: Iterable[CrawlJob], settings: Settings) -> ReplayRepor
     report = ReplayReport()
     topology = topology_of(settings)
     encoder = Encoder(topology, "replay")
-    producer = Producer(producer_conf(settings, "crawlfleet-replay"))
+    producer = connected_producer(producer_conf(settings, "crawlfleet-replay"))
     failures: list[str] = []
 
     def on_delivery(err: Any, _msg: Any) -> None:

@@ -28,7 +28,13 @@ from confluent_kafka import (
 from core.config import Settings
 from core.errors import CrawlfleetError, KafkaStageError
 from streams import faults
-from streams.io import FencedError, Output, producer_conf, transaction_timeout_ms
+from streams.io import (
+    FencedError,
+    Output,
+    connected_producer,
+    producer_conf,
+    transaction_timeout_ms,
+)
 
 log = logging.getLogger("crawlfleet.runtime")
 R = TypeVar("R")
@@ -59,7 +65,7 @@ class TxnCommitter:
         self.budget_s = transaction_timeout_ms(settings) / 1000
         self.clock: Callable[[], float] = time.monotonic
         self.sleep: Callable[[float], None] = time.sleep
-        self.producer = Producer(producer_conf(settings, client_id, transactional_id))
+        self.producer = connected_producer(producer_conf(settings, client_id, transactional_id))
         self._run("init_transactions", self.producer.init_transactions,
                   self.clock() + self.budget_s)
 

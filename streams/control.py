@@ -181,18 +181,20 @@ class ControlReader:
         self._tp = TopicPartition(topic, 0)
         self._assigned = False
 
-    def _assign(self) -> None:
+    def _assign(self) -> int | None:
         """Read from the log start, given as an offset: a new client's lookup of
         OFFSET_BEGINNING waits out librdkafka's offset-query back-off (0.5 s measured, at
-        every worker's start once the topic holds a record)."""
+        every worker's start once the topic holds a record). The high watermark read with
+        it, when this call assigned (None if it did not, or could not read one)."""
         if self._assigned:
-            return
+            return None
         try:
-            start, _ = self._consumer.get_watermark_offsets(self._tp, timeout=5.0)
+            start, end = self._consumer.get_watermark_offsets(self._tp, timeout=5.0)
         except KafkaException:
-            start = OFFSET_BEGINNING  # asked again by librdkafka itself
+            start, end = OFFSET_BEGINNING, None  # asked again by librdkafka itself
         self._consumer.assign([TopicPartition(self._tp.topic, 0, start)])
         self._assigned = True
+        return end
 
     def catch_up(self, timeout_s: float) -> bool:
         """Read to the end the topic had when called (True), or give up after ``timeout_s``.
@@ -204,8 +206,12 @@ class ControlReader:
         tp = self._tp
         deadline = time.monotonic() + timeout_s
         try:
-            self._assign()
-            _, end = self._consumer.get_watermark_offsets(tp, timeout=max(0.1, timeout_s))
+            # The end read before the assignment, not after it: a partition just assigned
+            # answers a watermark query only after a 0.5 s back-off about half the time
+            # (measured), and every worker's start waited for it.
+            end = self._assign()
+            if end is None:
+                _, end = self._consumer.get_watermark_offsets(tp, timeout=max(0.1, timeout_s))
         except KafkaException:
             return False
         while True:

@@ -7,12 +7,21 @@ and the CLI all build on it.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from core import __version__
 from core.config import Settings
@@ -79,6 +88,23 @@ def consumer_conf(settings: Settings, group: str, worker: str) -> dict[str, Any]
         "fetch.wait.max.ms": 100,
         "queued.max.messages.kbytes": 65536,
     }
+
+
+#: How long a new producer waits to reach its cluster before its first request of its own.
+PRODUCER_REACH_S = 2.0
+
+
+def connected_producer(conf: dict[str, Any]) -> Producer:
+    """A producer that has reached its cluster (one metadata request) before it needs a
+    producer id: librdkafka retries an idempotence or transaction request that found no
+    broker connected yet only after a fixed 0.5 s. Measured on fresh producers: the first
+    delivery of an idempotent one took 0.5 s in 6 of 6 tries, 0.06 s in 5 of 6 after the
+    request; ``init_transactions`` through a commit took 0.5 s in 1 of 6, 0 of 6 after it.
+    A cluster that does not answer is left to the producer's own calls to report."""
+    producer = Producer(conf)
+    with contextlib.suppress(KafkaException):
+        producer.list_topics(timeout=PRODUCER_REACH_S)
+    return producer
 
 
 def producer_conf(settings: Settings, client_id: str,

@@ -26,7 +26,15 @@ from confluent_kafka import (
 from core.config import Settings
 from core.errors import KafkaStageError
 from schemas.codec import Codec
-from streams.io import Output, consume_ready, consumer_conf, producer_conf, rewind, tp_of
+from streams.io import (
+    Output,
+    connected_producer,
+    consume_ready,
+    consumer_conf,
+    producer_conf,
+    rewind,
+    tp_of,
+)
 from streams.membership import Membership
 from streams.stage import Stage
 from streams.worker import StopFlag
@@ -138,7 +146,7 @@ class SinkStage(Stage):
         """Produce ``outputs`` and wait until the broker has them all (else raise: the
         batch's offsets must not be committed; the session ends and the batch is replayed)."""
         if self._producer is None:
-            self._producer = Producer(producer_conf(self.settings, self.worker))
+            self._producer = connected_producer(producer_conf(self.settings, self.worker))
         failed: list[KafkaError] = []
 
         def delivered(err: KafkaError | None, _msg: Message) -> None:
