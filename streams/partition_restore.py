@@ -102,7 +102,7 @@ class PartitionRestore:
         while a restore runs (a poll cannot be woken, and a finished restore's partitions
         are resumed only by the next one: up to ``idle_s`` late, measured 0.1 s on
         average, for every new partition's first record)."""
-        if self.restorer.waiting - self.restorer.failing:
+        if self.restorer.running():
             return min(idle_s, RESTORE_POLL_S)
         return idle_s
 

@@ -69,6 +69,12 @@ class Restorer:
         with self._lock:
             return set(self._waiting)
 
+    def running(self) -> bool:
+        """True while a restore runs: a partition waits that is not waiting for a retry
+        (asked on every poll of the runtime, so no set is copied)."""
+        with self._lock:
+            return not self._waiting <= self._retry.keys()
+
     @property
     def failing(self) -> set[int]:
         """Partitions whose last restore did not complete (they wait for a retry)."""
