@@ -74,7 +74,14 @@ class ParseStage(BatchStage):
         super().__init__(*args, **kwargs)
         self._recent = RecentSet()
         self._allowed = frozenset(self.settings.allowed_targets)
-        self._gate = FrontierGate(self.settings)
+        # Measured off the loop: a slow offsets read must not hold the pages meanwhile.
+        self._gate = FrontierGate(self.settings, background=True)
+
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:
+            self._gate.close()
 
     def begin_batch(self) -> None:
         self._gate.refresh()

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from core.config import Settings
@@ -21,7 +23,7 @@ def test_a_known_lag_is_trusted_for_an_interval_without_asking() -> None:
     gate = FrontierGate(OFFLINE, known_lag=0)
     try:
         assert gate._probe is not None
-        gate._probe.lag = _refuse  # type: ignore[method-assign]
+        gate._probe.lag = _refuse  # type: ignore[method-assign,assignment]
         assert not gate.due()
         gate.refresh()  # not due: no measurement
         assert gate.estimate == 0 and not gate.over()
@@ -40,4 +42,37 @@ def test_an_unknown_lag_is_measured_before_the_first_record() -> None:
     try:
         assert gate.due()
     finally:
+        gate.close()
+
+
+def test_a_background_gate_never_waits_for_its_measurement() -> None:
+    # A parse worker's gate: its read of the fetch group's offsets once blocked the stage's
+    # loop for 2.5 s. In the background, the loop goes on with the estimate it has.
+    gate = FrontierGate(OFFLINE, background=True)
+    assert gate._control is not None
+    gate._control.close()
+    gate._control = None
+    started, release = threading.Event(), threading.Event()
+
+    def slow(*_: object) -> int:
+        started.set()
+        release.wait(30)
+        return 7
+
+    assert gate._probe is not None
+    gate._probe.lag = slow  # type: ignore[method-assign,assignment]
+    try:
+        gate.add(3)
+        gate.refresh()  # starts the measurement, returns while it is still blocked
+        assert started.wait(10) and not release.is_set()
+        assert gate.estimate == 3 and not gate.over()
+        gate.refresh()  # one at a time: nothing new starts
+        gate.add(2)  # added while it runs: still counted once it is in
+        release.set()
+        running = gate._running
+        assert running is not None and running[0].done.wait(10)
+        assert not gate.over()  # takes the result in
+        assert gate.estimate == 7 + 2
+    finally:
+        release.set()
         gate.close()
