@@ -41,6 +41,9 @@ from streams.worker import StopFlag
 
 log = logging.getLogger("crawlfleet.sink")
 
+#: How long an idle sink's poll waits for a record (its stop is seen within it).
+IDLE_POLL_S = 0.05
+
 class SinkStage(Stage):
     """A stage whose session writes each batch out of Kafka, then commits its offsets."""
 
@@ -106,7 +109,9 @@ class SinkStage(Stage):
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 break
-            timeout = 0.2 if deadline is None else min(deadline - now, quiet_s)
+            # Idle: a short poll, so a stop is seen within IDLE_POLL_S (the crawl stops
+            # the store last, after everything else, and waits for it).
+            timeout = IDLE_POLL_S if deadline is None else min(deadline - now, quiet_s)
             got = False
             self.poll_gaps.tick()
             for msg in consume_ready(consumer, min(1000, rows - len(batch)), timeout):
