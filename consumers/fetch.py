@@ -43,6 +43,7 @@ from consumers.robots_cache import RobotsCache
 from consumers.scheduler import TargetScheduler
 from consumers.seen import SeenStore
 from consumers.target_policy import TargetPolicy
+from schemas.topics import partition_for
 from streams.async_session import AsyncSession
 from streams.control import ControlState
 from streams.io import Output
@@ -111,8 +112,13 @@ class _Session:
         self.loop = asyncio.get_running_loop()
         self.ledger = Ledger()
         self.rules = OutcomeRules(self.s, self.topo, self.enc, stage.worker)
+        #: Partitions taken over with committed progress (another owner, or an earlier life
+        #: of this worker, worked them), by when: their targets' first requests wait.
+        self.taken_over: dict[int, float] = {}
         self.sched: TargetScheduler[Pending] = TargetScheduler(
-            self._base_interval, limit=self.s.max_inflight_per_target)
+            self._base_interval, limit=self.s.max_inflight_per_target,
+            taken_over_at=lambda t: self.taken_over.get(
+                partition_for(t, self.topo.partitions), float("-inf")))
         self.seen = SeenStore(store_dir(self.s, "seen", stage.worker), ttl_s=self.s.seen_ttl_s)
         self.parked = ParkedQueues(StateStore("parked", store_dir(self.s, "parked", stage.worker)),
                                    self.topo.partitions)
@@ -150,16 +156,30 @@ class _Session:
 
     def restore(self, parts: set[int]) -> tuple[set[int], dict[TP, int], Any]:
         failed, (offsets, targets, records, seconds) = self.stores.restore(parts)
-        return failed, offsets, (targets, records, seconds)
+        worked = {p for (_, p), offset in offsets.items() if offset >= 0}
+        return failed, offsets, (targets, records, seconds, worked)
 
     def restored(self, done: Restored, info: Any) -> None:
-        targets, records, seconds = info if info is not None else ([], 0, 0.0)
+        targets, records, seconds, worked = info if info is not None \
+            else ([], 0, 0.0, set())
         self.status.add("seen_restored", records)
         self.status.add("restore_ms", int(seconds * 1000))
         for p in done.failed:
             self.parked.dropped(p)
+        if worked & done.complete:
+            self.loop.call_soon_threadsafe(self._handover, worked & done.complete)
         if targets:
             self.loop.call_soon_threadsafe(self.intake.refill_many, targets)
+
+    def _handover(self, parts: set[int]) -> None:
+        """Event loop: ``parts`` were worked by an owner before this one (a restart, a
+        rebalance), which may have sent to their targets a moment ago: each target's first
+        request here leaves an interval after now. A brand-new crawl's partitions have no
+        committed progress and start at once."""
+        now = time.monotonic()
+        for p in parts:
+            self.taken_over[p] = now
+        self.sched.handover(lambda t: partition_for(t, self.topo.partitions) in parts, now)
 
     def keep_only(self, owned: set[int]) -> None:
         self.stores.keep_only(owned)

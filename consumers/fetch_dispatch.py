@@ -141,11 +141,12 @@ class Dispatcher:
     async def spaced(self, target: str) -> None:
         """Wait until a request to ``target`` may leave (an interval after the last one
         did), then count it as left."""
-        delay = self.sched.send_delay(target, time.monotonic())
+        now = time.monotonic()
+        delay = self.sched.reserve_send(target, now) - now
         if delay > 0:
             self.status.add("send_spacing_waits")
             await asyncio.sleep(delay)
-        self.sched.sent(target, time.monotonic())
+        self.sched.sent(target, time.monotonic())  # left later than reserved: the next waits
 
     def _disallowed_now(self, target: str, pj: Pending, now: float) -> bool:
         """Known robots-disallowed: dead-letter it without spending the target's slot."""

@@ -54,8 +54,12 @@ class TargetScheduler(Generic[T]):
     """Releases at most one job per target per interval (1 / cap, or the Crawl-delay)."""
 
     def __init__(self, interval_for: Callable[[str], float],
-                 limit: int = 1 << 30) -> None:
+                 limit: int = 1 << 30,
+                 taken_over_at: Callable[[str], float] | None = None) -> None:
         self._interval_for = interval_for
+        #: When this worker took ``target`` over from an owner that may have sent to it a
+        #: moment before (-inf: never): its first request here waits an interval past it.
+        self._taken_over_at = taken_over_at
         self._limit = limit  # default in-flight limit of a new target
         self._slots: dict[str, _Slot[T]] = {}
         self._heap: list[tuple[float, str]] = []
@@ -75,6 +79,8 @@ class TargetScheduler(Generic[T]):
         if slot is None:
             slot = self._slots[target] = _Slot(self._interval_for(target), next_at=now,
                                                limit=self._limit)
+            if self._taken_over_at is not None:
+                slot.last_sent = self._taken_over_at(target)
             self.slot_peak = max(self.slot_peak, len(self._slots))
         return slot
 
@@ -201,11 +207,31 @@ class TargetScheduler(Generic[T]):
             return 0.0
         return max(0.0, slot.last_sent + slot.interval - now)
 
+    def reserve_send(self, target: str, now: float) -> float:
+        """When a request to ``target`` may leave, reserved: the next caller's time is an
+        interval later even while this one still waits for its own (two requests released
+        close together, both waiting out a takeover's interval, would otherwise leave at
+        once)."""
+        slot = self._slots.get(target)
+        if slot is None:
+            return now
+        at = max(now, slot.last_sent + slot.interval)
+        slot.last_sent = at
+        return at
+
     def sent(self, target: str, now: float) -> None:
         """A request to ``target`` leaves now."""
         slot = self._slots.get(target)
         if slot is not None:
             slot.last_sent = max(slot.last_sent, now)
+
+    def handover(self, taken: Callable[[str], bool], now: float) -> None:
+        """The targets ``taken`` over just now (their partitions came from another owner,
+        or from this worker's earlier life) send no sooner than an interval from now: the
+        former owner's last request may have left a moment ago, and the site counts both."""
+        for target, slot in self._slots.items():
+            if taken(target):
+                slot.last_sent = max(slot.last_sent, now)
 
     def evict_idle(self, now: float, idle_s: float, keep: int) -> list[tuple[str, float]]:
         """Forget targets with nothing queued, nothing in flight, not held, whose next

@@ -407,3 +407,31 @@ def test_take_tail_keeps_the_oldest_and_returns_the_newest_in_order() -> None:
     assert sched.take_tail("t", 0) == ["h0", "b0", "b1"]
     assert len(sched) == 0
     assert sched.take_tail("nobody", 0) == []
+
+
+def test_a_target_taken_over_sends_an_interval_after_the_takeover() -> None:
+    # A rolling restart's fetch worker came back within a second with the same partitions
+    # and sent at once: the site saw 4 requests in 1 s at cap 2 (its former life had sent 2).
+    taken = {"a.test": 10.0}
+    s: TargetScheduler[str] = TargetScheduler(
+        lambda t: 0.5, taken_over_at=lambda t: taken.get(t, float("-inf")))
+    s.push("a.test", "a1", now=10.0)
+    s.push("b.test", "b1", now=10.0)
+    assert sorted(s.pop_ready(10.0, 10)) == [("a.test", "a1"), ("b.test", "b1")]
+    assert s.send_delay("a.test", 10.0) == pytest.approx(0.5)  # taken over at 10.0
+    assert s.send_delay("b.test", 10.0) == 0.0  # a new crawl's target: at once
+    # A slot this worker already had, taken over again (a restore after a rebalance).
+    s.sent("b.test", 10.0)
+    s.handover(lambda t: t == "b.test", 12.0)
+    assert s.send_delay("b.test", 12.0) == pytest.approx(0.5)
+    assert s.send_delay("a.test", 12.0) == 0.0
+
+
+def test_two_requests_waiting_for_their_time_leave_an_interval_apart() -> None:
+    s: TargetScheduler[str] = TargetScheduler(
+        lambda t: 0.5, taken_over_at=lambda t: 10.0)  # taken over at 10.0
+    s.push("a.test", "a1", now=10.0)
+    first = s.reserve_send("a.test", 10.1)  # released, waits out the takeover's interval
+    second = s.reserve_send("a.test", 10.2)  # released before the first one left
+    assert first == pytest.approx(10.5)
+    assert second == pytest.approx(11.0)
