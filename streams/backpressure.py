@@ -62,6 +62,8 @@ class FrontierGate:
         """
         if self._probe is None:
             return
+        if force and self._running is not None:
+            self._running[0].done.wait()  # its clients are the probe's: one call at a time
         self._take_in()
         now = time.monotonic()
         if force or now - self._at >= self._interval:
