@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from consumers.classify import Signal
 from consumers.fetch_intake import Intake
 from consumers.http_fetch import Fetcher, Identity
-from consumers.identities import EGRESS_META, WAIT_RECHECK_S, Identities
+from consumers.identities import WAIT_RECHECK_S, Identities
 from consumers.outcomes import OutcomeRules, Result
 from consumers.pacer import Pacer
 from consumers.parking import ParkedQueues
@@ -34,7 +34,7 @@ from consumers.scheduler import TargetScheduler
 from consumers.target_policy import TargetPolicy
 from core.config import Settings
 from core.errors import CrawlfleetError, RobotsDisallowedError
-from core.profiles import unknown_profile
+from core.profiles import EGRESS_META, unknown_profile
 from schemas.topics import Topology, partition_for
 from streams.control import ControlState
 from streams.ledger import Ledger, Pending

@@ -39,8 +39,6 @@ from core.config import Settings
 from core.profiles import Egress, Profile
 from streams.control import Quarantine
 
-#: The job's ``meta`` key carrying the egress its last attempt used (the retry keeps it).
-EGRESS_META = "egress"
 #: Failure classes after which a retry takes another egress when the pool has one.
 SWITCH_REASONS = frozenset({"timeout", "connect", "http_429"})
 #: A waiting job is looked at again this often (and at once when the control state

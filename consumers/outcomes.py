@@ -1,9 +1,10 @@
 """The fetch stage's outcome rules: a response or an error → the records it produces.
 
-One finished request becomes: its outputs (page, retry or dead letter, and one telemetry
-event carrying the version tuple), the dedupe state to write, and the :class:`Signal` it
-gives its target's adaptive limits (with the site's Retry-After, if any). Pure apart from
-encoding: no Kafka, no clock beyond timestamps on the records.
+One finished request becomes: its outputs (page, retry or dead letter, and its telemetry
+event carrying the version tuple: a record of its own, or for a page, fields of the page's
+record that the store turns into the event's row), the dedupe state to write, and the
+:class:`Signal` it gives its target's adaptive limits (with the site's Retry-After, if any).
+Pure apart from encoding: no Kafka, no clock beyond timestamps on the records.
 """
 
 from __future__ import annotations
@@ -11,12 +12,11 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TypedDict, cast
 
 from consumers.classify import Signal, Verdict, classify_status
 from consumers.http_fetch import REDIRECT_STATUSES, Response
-from consumers.identities import EGRESS_META
 from consumers.scope import follow
 from consumers.seen import DEAD, DONE, RETRYING
 from core.config import Settings
@@ -26,6 +26,7 @@ from core.errors import (
     FetchTimeoutError,
     TruncatedBodyError,
 )
+from core.profiles import EGRESS_META
 from core.urls import resolve_link, target_of
 from core.versions import FETCHER_VERSION, HTTP_LIB_VERSION, TLS_LIB_VERSION, code_revision
 from producers.lineage import ENQUEUED, lineage_event
@@ -60,6 +61,15 @@ class VersionFields(TypedDict):
     http_version: str
     tls_version: str
     code_revision: str
+
+
+class AttemptFields(TypedDict):
+    """An attempt's telemetry as a fetched record carries it (FetchResult v3)."""
+
+    outcome: str
+    reason: str
+    attempt_ms: int
+    fetcher_version: str
 
 
 @dataclass
@@ -98,17 +108,20 @@ class OutcomeRules:
         outcome = classify_status(resp.status, resp.retry_after, job["attempt"],
                                   block_statuses=self.block_statuses)
         if outcome.verdict is Verdict.STORE:
+            label = "blocked" if outcome.blocked else "ok"
             page: FetchResult = {
                 "job": job, "final_url": resp.url, "status": resp.status,
                 "content_type": resp.content_type, "body": resp.body,
                 "fetched_at_ms": int(time.time() * 1000), "elapsed_ms": resp.elapsed_ms,
-                "redirects": resp.redirects, "worker": self.worker, **self.versions}
+                "redirects": resp.redirects, "worker": self.worker, **self.versions,
+                **self.attempt(label, outcome.reason, started)}
             result = self.enc.record(self.topology.fetched, pj.target, pj.key.encode(), page)
-            label = "blocked" if outcome.blocked else "ok"
-            event = self.event(pj, resp.status, label, outcome.reason, started, len(resp.body))
-            # A block's event also goes to the quarantine app's own input (same bytes).
-            blocks = [replace(event, topic=self.topology.blocks)] if outcome.blocked else []
-            return Result([result, event, *blocks],
+            # The page carries its attempt's telemetry (the store's fetch_events row comes
+            # from it); a block's event also goes to the quarantine app's own input.
+            blocks = [self.event(pj, resp.status, label, outcome.reason, started,
+                                 len(resp.body), self.topology.blocks)] \
+                if outcome.blocked else []
+            return Result([result, *blocks],
                           (DONE, job["attempt"]), outcome.signal, outcome=label,
                           reason=outcome.reason)
         if outcome.verdict is Verdict.RETRY:
@@ -141,9 +154,8 @@ class OutcomeRules:
             "content_type": resp.content_type, "body": b"",
             "fetched_at_ms": int(time.time() * 1000), "elapsed_ms": resp.elapsed_ms,
             "redirects": [to or resp.location[:2048]], "worker": self.worker,
-            **self.versions}
-        outputs = [self.enc.record(self.topology.fetched, pj.target, pj.key.encode(), page),
-                   self.event(pj, resp.status, "ok", reason, started, 0)]
+            **self.versions, **self.attempt("ok", reason, started)}
+        outputs = [self.enc.record(self.topology.fetched, pj.target, pj.key.encode(), page)]
         if reason == "redirect" and to is not None:
             child: CrawlJob = {
                 **job, "url": to, "target": target_of(to, s.target_mode), "attempt": 0,
@@ -205,8 +217,16 @@ class OutcomeRules:
         record: Seen = {"state": cast(SeenState, state[0]), "attempt": state[1], "status": 0}
         return self.enc.record(self.topology.seen, pj.target, pj.key.encode(), record)
 
+    def attempt(self, outcome: str, reason: str, started: float) -> AttemptFields:
+        """The telemetry a fetched record carries for its attempt (FetchResult v3)."""
+        return {"outcome": outcome, "reason": reason,
+                "attempt_ms": int((time.monotonic() - started) * 1000),
+                "fetcher_version": FETCHER_VERSION}
+
     def event(self, pj: Pending, status: int, outcome: str, reason: str, started: float,
-              size: int) -> Output:
+              size: int, topic: str | None = None) -> Output:
+        """The attempt's telemetry event, on ``crawl.telemetry`` unless another topic is
+        named (a fetched page carries its own: :meth:`attempt`)."""
         job = pj.job
         record: FetchEvent = {
             "url": job["url"], "target": pj.target, "profile": pj.profile or job["profile"],
@@ -219,4 +239,5 @@ class OutcomeRules:
             # Unique per attempt: the quarantine app counts distinct ids, so a replayed
             # event never counts twice (a retried job's next attempt is another event).
             "event_id": f"{self._id_prefix}{next(self._ids):016x}", "egress": pj.egress}
-        return self.enc.record(self.topology.telemetry, pj.target, pj.key.encode(), record)
+        return self.enc.record(topic or self.topology.telemetry, pj.target, pj.key.encode(),
+                               record)

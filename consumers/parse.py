@@ -16,11 +16,13 @@ from confluent_kafka import Message
 
 from consumers.html import extract
 from consumers.scope import follow
+from core import __version__
 from core.errors import CrawlfleetError, InternalError
+from core.profiles import DIRECT, EGRESS_META
 from core.urls import dedupe_key, target_of
-from producers.lineage import ENQUEUED, lineage_event, page_key
+from producers.lineage import page_key
 from producers.replay import REDIRECT_HOPS, without_replay
-from schemas.records import CrawlJob, FetchResult, ParsedPage
+from schemas.records import CrawlJob, EnqueuedLink, FetchEvent, FetchResult, ParsedPage
 from streams.backpressure import FrontierGate
 from streams.batch_stage import BatchStage, NotDueError
 from streams.io import Output, job_key, raw_value, tp_of
@@ -108,9 +110,14 @@ class ParseStage(BatchStage):
                 raise err from exc
             job = result["job"]
             self.status.add("dead")  # as the stage counts the dead letters it makes
-            # The dead letter names the page (url, target, profile), not just its bytes.
+            # The dead letter names the page (url, target, profile), not just its bytes;
+            # the attempt's telemetry the page carried becomes a record of its own.
+            event = attempt_event(result)
             return [self.encoder.dead(job, raw_value(msg), tp_of(msg)[0], err.reason,
-                                      str(err), int(job.get("attempt", 0)) + 1)]
+                                      str(err), int(job.get("attempt", 0)) + 1),
+                    *([self.encoder.record(self.topology.telemetry, job["target"],
+                                           job_key(job["target"], job["profile"], job["url"]),
+                                           event)] if event else [])]
         self.status.add("pages")
         return outputs
 
@@ -120,13 +127,12 @@ class ParseStage(BatchStage):
         page = extract(result["body"], result["final_url"], result["content_type"]) if ok \
             else None
         links = page.links if page else []
-        outputs = [self._page_output(result, page.title if page else "",
-                                     page.text if page else "", links)]
-        outputs.extend(self._link_jobs(job, links))
-        return outputs
+        jobs, enqueued = self._link_jobs(job, links)
+        return [self._page_output(result, page.title if page else "",
+                                  page.text if page else "", links, enqueued), *jobs]
 
     def _page_output(self, result: FetchResult, title: str, text: str,
-                     links: list[str]) -> Output:
+                     links: list[str], enqueued: list[EnqueuedLink]) -> Output:
         job = result["job"]
         key = page_key(job)
         page: ParsedPage = {
@@ -139,12 +145,23 @@ class ParseStage(BatchStage):
             # the fetching worker's version tuple (empty from a v1 FetchResult)
             "profile_bundle_version": result["profile_bundle_version"],
             "http_version": result["http_version"], "tls_version": result["tls_version"],
-            "code_revision": result["code_revision"]}
+            "code_revision": result["code_revision"],
+            "enqueued": enqueued, "parse_version": __version__,
+            # its attempt's telemetry, for the store's fetch_events row (none from a v2
+            # FetchResult: that attempt's event is a crawl.telemetry record)
+            "attempt": job["attempt"], "outcome": result["outcome"],
+            "reason": result["reason"], "attempt_ms": result["attempt_ms"],
+            "fetcher_version": result["fetcher_version"]}
         return self.encoder.record(self.topology.parsed, job["target"], key.encode(), page)
 
-    def _link_jobs(self, job: CrawlJob, links: list[str]) -> list[Output]:
+    def _link_jobs(self, job: CrawlJob, links: list[str]
+                   ) -> tuple[list[Output], list[EnqueuedLink]]:
+        """The frontier jobs of ``links`` worth following, and their lineage ``enqueued``
+        steps: carried by the page's record (written in the same transaction as the jobs),
+        from which the store writes their lineage rows -- one record per link, not two."""
         s = self.settings
-        out = []
+        out: list[Output] = []
+        enqueued: list[EnqueuedLink] = []
         meta = link_meta(job.get("meta"))
         pinned = bool(job.get("pinned", True))
         for link in links:
@@ -159,11 +176,27 @@ class ParseStage(BatchStage):
             child = link_job(job, link, target_of(link, s.target_mode), meta)
             topic = self.topology.frontier_high if child["priority"] > 0 \
                 else self.topology.frontier
-            out += [self.encoder.job(topic, child),
-                    lineage_event(self.encoder, child, ENQUEUED, "parse", "link", job["url"])]
-        self.status.add("links", len(out) // 2)
-        self._gate.add(len(out) // 2)
-        return out
+            out.append(self.encoder.job(topic, child))
+            enqueued.append({"url": link, "target": child["target"], "dedupe_key": key})
+        self.status.add("links", len(out))
+        self._gate.add(len(out))
+        return out, enqueued
+
+def attempt_event(result: FetchResult) -> FetchEvent | None:
+    """The telemetry event a fetched record carries (FetchResult v3), as a record of its
+    own: for a page the parse stage dead-letters, whose attempt must still be counted."""
+    if not result.get("outcome"):
+        return None  # a v2 record: its event was written on its own
+    job = result["job"]
+    return {"url": job["url"], "target": job["target"], "profile": job["profile"],
+            "attempt": job["attempt"], "status": result["status"],
+            "outcome": result["outcome"], "reason": result["reason"],
+            "elapsed_ms": result["attempt_ms"], "bytes": len(result["body"]),
+            "worker": result["worker"], "fetcher_version": result["fetcher_version"],
+            "http_version": result["http_version"], "tls_version": result["tls_version"],
+            "profile_bundle_version": result["profile_bundle_version"],
+            "code_revision": result["code_revision"], "ts_ms": result["fetched_at_ms"],
+            "event_id": "", "egress": (job.get("meta") or {}).get(EGRESS_META, DIRECT)}
 
 
 def link_job(page: CrawlJob, link: str, target: str, meta: dict[str, str]) -> CrawlJob:
@@ -183,4 +216,4 @@ def link_meta(meta: dict[str, str] | None) -> dict[str, str]:
     return {k: v for k, v in without_replay(meta).items() if k != REDIRECT_HOPS}
 
 
-__all__ = ["ParseStage", "RecentSet", "job_key", "link_job", "link_meta"]
+__all__ = ["ParseStage", "RecentSet", "attempt_event", "job_key", "link_job", "link_meta"]

@@ -6,6 +6,9 @@ offset ranges, and offsets are committed only after the insert returns. A crash 
 the two replays the batch: the same token is dropped by ClickHouse, and a differently cut
 batch collapses in the ReplacingMergeTree (readers use FINAL views).
 
+A parsed page carries the lineage of the links it enqueued and its fetch attempt's telemetry
+(ParsedPage v4): their rows are written from it, under the page record's place.
+
 A crawl.parsed, crawl.telemetry or crawl.lineage record the store cannot read (or whose
 values its table cannot hold) becomes a dead letter in crawl.dead, like every other stage's,
 before the batch's offsets are committed; its row is written when the store reads it back,
@@ -44,6 +47,7 @@ from infra.clickhouse import (
     StoreOwnership,
 )
 from infra.store_query import QueryServer
+from producers.lineage import ENQUEUED
 from schemas.codec import default_codec
 from schemas.records import (
     CrawlJob,
@@ -130,6 +134,30 @@ def lineage_row(event_id: str, e: LineageEvent) -> tuple[Any, ...]:
     return (event_id, _fetched_at(e["ts_ms"]), e["dedupe_key"], e["url"], e["target"],
             e["profile"], e["state"], e["attempt"], e["parent_url"] or "", e["detail"],
             e["stage"], e["worker"], e["version"])
+
+
+def page_event_row(event_id: str, p: ParsedPage) -> tuple[Any, ...] | None:
+    """The fetch_events row of the attempt that fetched a page (ParsedPage v4 carries it;
+    None from an older page, whose attempt's event came on crawl.telemetry). Its id is the
+    page record's place, so a replayed batch's second copy collapses."""
+    if not p.get("outcome"):
+        return None
+    return (f"{event_id}#attempt", _fetched_at(p["fetched_at_ms"]), p["url"], p["target"],
+            p["profile"], p["attempt"], p["status"], p["outcome"], p["reason"],
+            p["attempt_ms"], p["body_bytes"], p["fetch_worker"], p["fetcher_version"],
+            p["http_version"], p["tls_version"], p["profile_bundle_version"],
+            p["code_revision"])
+
+
+def enqueued_rows(event_id: str, p: ParsedPage) -> list[tuple[Any, ...]]:
+    """The lineage ``enqueued`` rows of the links a page put on the frontier (ParsedPage
+    v4 carries them; the parse stage wrote them in the same transaction as the jobs). Each
+    row's id is the page record's place and the link's index: a replay's copy collapses."""
+    parsed_at = _fetched_at(p.get("parsed_at_ms", 0))
+    return [(f"{event_id}#{i}", parsed_at, link["dedupe_key"], link["url"], link["target"],
+             p["profile"], ENQUEUED, 0, p["url"], "link", "parse", p["parse_worker"],
+             p.get("parse_version", ""))
+            for i, link in enumerate(p.get("enqueued") or ())]
 
 
 #: The quarantines table's columns (a row per quarantine issued, see infra/sql/schema.sql).
@@ -305,6 +333,12 @@ class StoreStage(SinkStage):
         value, headers = msg.value(), msg.headers()
         if topic == self.topology.parsed:
             page = self.codec.decode_as(ParsedPage, value, headers)
+            # The attempt and the links' steps happened whatever the page holds: their rows
+            # stay even if the page's own is refused (and dead-lettered) below.
+            attempt = page_event_row(event_id, page)
+            if attempt is not None:
+                rows["fetch_events"].append(fits("fetch_events", attempt))
+            rows["lineage"] += [fits("lineage", r) for r in enqueued_rows(event_id, page)]
             rows["pages"].append(fits("pages", page_row(page)))
         elif topic == self.topology.telemetry:
             event = self.codec.decode_as(FetchEvent, value, headers)

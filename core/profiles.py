@@ -37,6 +37,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from core.errors import ConfigError, FatalError
 
+#: The job's ``meta`` key carrying the egress its last attempt used (the retry keeps it).
+EGRESS_META = "egress"
+
 DIRECT = "direct"
 #: Headers a profile may not set: the request's own (Host, Cookie: the jar's), and the
 #: User-Agent, which is the profile's ``user_agent``.

@@ -48,6 +48,20 @@ class FetchResult(TypedDict):
     http_version: str
     tls_version: str
     code_revision: str
+    #: v3: the attempt's telemetry, carried instead of a crawl.telemetry record (empty
+    #: ``outcome``: a v2 record, whose event was written on its own).
+    outcome: str
+    reason: str
+    attempt_ms: int
+    fetcher_version: str
+
+
+class EnqueuedLink(TypedDict):
+    """A link a page put on the frontier (ParsedPage v4): its lineage ``enqueued`` step."""
+
+    url: str
+    target: str
+    dedupe_key: str
 
 
 class ParsedPage(TypedDict):
@@ -72,6 +86,17 @@ class ParsedPage(TypedDict):
     http_version: str
     tls_version: str
     code_revision: str
+    #: v4: the links this page put on the frontier, whose ``enqueued`` lineage rows the
+    #: store writes from the page (one record fewer per link), and the parser's version.
+    enqueued: list[EnqueuedLink]
+    parse_version: str
+    #: v4: its fetch attempt's telemetry (FetchResult v3), for the store's fetch_events row
+    #: (empty ``outcome``: the attempt's event is a crawl.telemetry record of its own).
+    attempt: int
+    outcome: str
+    reason: str
+    attempt_ms: int
+    fetcher_version: str
 
 
 class DeadLetter(TypedDict):

@@ -96,8 +96,9 @@ ALTER TABLE pages ADD COLUMN IF NOT EXISTS tls_version LowCardinality(String) DE
 ALTER TABLE pages ADD COLUMN IF NOT EXISTS code_revision LowCardinality(String) DEFAULT '';
 
 -- Lineage: the job states no other table records (enqueued, duplicate, parked, released),
--- from crawl.lineage, keyed by the job's dedupe key. `crawlfleet trace` joins them with
--- fetch_events (attempts), pages (parsed, stored) and dead_letters.
+-- from crawl.lineage and from the links a parsed page enqueued (ParsedPage v4), keyed by the
+-- job's dedupe key. `crawlfleet trace` joins them with fetch_events (attempts), pages
+-- (parsed, stored) and dead_letters.
 CREATE TABLE IF NOT EXISTS lineage (
     event_id       String,
     ts             DateTime64(3, 'UTC'),

@@ -300,13 +300,15 @@ def test_lost_ack_store_replay_is_suppressed(settings: Settings, site_port: int,
         _assert_stored_exactly_once(s, expected)
         counts = page_counts(s)
         assert counts.raw >= counts.final
-        # Telemetry and dead letters (keyed by source offset) are exactly once too.
+        # Telemetry and dead letters (keyed by source offset) are exactly once too: an
+        # attempt's event is a telemetry record, or rides in its page's parsed record.
         telemetry = read_topic(s, topo.telemetry)
+        pages = read_topic(s, topo.parsed)
         dead = read_topic(s, topo.dead)
         events_final, events_raw = query(s, "SELECT (SELECT count() FROM fetch_events FINAL), "
                                             "(SELECT count() FROM fetch_events)")[0]
         dead_final = scalar(s, "SELECT count() FROM dead_letters FINAL")
-        assert int(events_final) == len(telemetry)
+        assert int(events_final) == len(telemetry) + len(pages)
         assert int(dead_final) == len(dead)
         # The rows the dead store inserted without acking were replayed, yet stored once.
         ids = ",".join(f"'{e}'" for e in unacked) or "''"
@@ -323,12 +325,14 @@ def test_lost_ack_store_replay_is_suppressed(settings: Settings, site_port: int,
 
 
 def _tp_of(event_id: str) -> tuple[str, int]:
-    topic, partition, _ = event_id.rsplit(":", 2)
+    topic, partition, _ = event_id.partition("#")[0].rsplit(":", 2)
     return topic, int(partition)
 
 
 def _offset_of(event_id: str) -> int:
-    return int(event_id.rsplit(":", 1)[1])
+    """The offset of the record a row came from (``topic:partition:offset``, then
+    ``#attempt`` for the attempt a parsed page carries)."""
+    return int(event_id.partition("#")[0].rsplit(":", 1)[1])
 
 
 def test_lost_ack_fetch_commit_is_not_redone(settings: Settings, site_port: int,

@@ -50,6 +50,7 @@ def fetch_result() -> dict[str, Any]:
         "redirects": ["https://example.com/dir/page?a=1&b=2"],
         "worker": "fetch-1@host",
         **VERSIONS,
+        "outcome": "ok", "reason": "", "attempt_ms": 130, "fetcher_version": "crawlfleet/0.1",
     }
 
 
@@ -72,6 +73,11 @@ def parsed_page() -> dict[str, Any]:
         "parse_worker": "parse-3",
         "parsed_at_ms": TS_MS,
         **VERSIONS,
+        "enqueued": [{"url": "https://example.com/a", "target": "example.com",
+                      "dedupe_key": "default|https://example.com/a"}],
+        "parse_version": "0.1.0",
+        "attempt": 1, "outcome": "blocked", "reason": "http_403", "attempt_ms": 90,
+        "fetcher_version": "crawlfleet/0.1",
     }
 
 

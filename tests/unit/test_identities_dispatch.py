@@ -13,8 +13,8 @@ from typing import Any
 
 from consumers.classify import Signal
 from consumers.fetch import _Session
-from consumers.identities import EGRESS_META
 from core.errors import CrawlfleetError
+from core.profiles import EGRESS_META
 from schemas.codec import default_codec
 from streams.control import ControlState, Quarantine, quarantine_key
 from streams.ledger import Pending

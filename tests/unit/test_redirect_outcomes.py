@@ -52,14 +52,14 @@ def test_in_scope_redirect_becomes_a_new_job_with_a_hop_count() -> None:
     rules = _rules()
     outs, recs = _redirect(rules, "/next?b=2&a=1")
     topics = [o.topic for o in outs]
-    assert topics == [rules.topology.fetched, rules.topology.telemetry, rules.topology.lineage,
-                      rules.topology.frontier]
-    page, event, enqueued, job = recs
+    # the attempt's telemetry rides in the fetched record (FetchResult v3)
+    assert topics == [rules.topology.fetched, rules.topology.lineage, rules.topology.frontier]
+    page, enqueued, job = recs
     assert enqueued["state"] == "enqueued" and enqueued["detail"] == "redirect"
     assert enqueued["url"] == job["url"] and enqueued["parent_url"] == URL
     assert page["status"] == 302 and page["body"] == b""
     assert page["final_url"] == URL and page["redirects"] == ["http://a.test/next?a=1&b=2"]
-    assert event["reason"] == "redirect"
+    assert page["outcome"] == "ok" and page["reason"] == "redirect"
     assert job["url"] == "http://a.test/next?a=1&b=2" and job["target"] == "a.test"
     assert job["depth"] == 2 and job["attempt"] == 0 and job["parent_url"] == URL
     assert job["meta"][REDIRECT_HOPS] == "1"
@@ -71,9 +71,9 @@ def test_in_scope_redirect_becomes_a_new_job_with_a_hop_count() -> None:
 def test_out_of_scope_or_uncrawlable_redirect_is_recorded_not_followed(location: str) -> None:
     rules = _rules()
     outs, recs = _redirect(rules, location)
-    assert [o.topic for o in outs] == [rules.topology.fetched, rules.topology.telemetry]
+    assert [o.topic for o in outs] == [rules.topology.fetched]
     assert recs[0]["status"] == 302
-    assert recs[1]["reason"] == "redirect_out_of_scope"
+    assert recs[0]["reason"] == "redirect_out_of_scope"
 
 
 def test_a_redirect_target_is_a_new_job_without_the_replay_mark() -> None:
@@ -85,17 +85,17 @@ def test_a_redirect_target_is_a_new_job_without_the_replay_mark() -> None:
 def test_seeds_scope_follows_a_redirect_to_another_seed_target() -> None:
     rules = _rules(scope="seeds", allowed_targets=("a.test", "b.test"))
     outs, recs = _redirect(rules, "http://b.test/")
-    assert recs[-1]["target"] == "b.test" and recs[1]["reason"] == "redirect"
+    assert recs[-1]["target"] == "b.test" and recs[0]["reason"] == "redirect"
     outs, recs = _redirect(rules, "http://c.test/")
-    assert recs[1]["reason"] == "redirect_out_of_scope" and len(outs) == 2
+    assert recs[0]["reason"] == "redirect_out_of_scope" and len(outs) == 1
 
 
 def test_the_hop_cap_spans_jobs_and_a_self_redirect_is_a_loop() -> None:
     rules = _rules(max_redirects=3)
     outs, recs = _redirect(rules, "/again", _job(meta={REDIRECT_HOPS: "3"}))
-    assert recs[1]["reason"] == "redirect_loop" and len(outs) == 2
+    assert recs[0]["reason"] == "redirect_loop" and len(outs) == 1
     outs, recs = _redirect(rules, "/start")
-    assert recs[1]["reason"] == "redirect_loop" and len(outs) == 2
+    assert recs[0]["reason"] == "redirect_loop" and len(outs) == 1
     outs, recs = _redirect(rules, "/on", _job(meta={REDIRECT_HOPS: "junk"}))
     assert recs[-1]["meta"][REDIRECT_HOPS] == "1"  # unreadable meta counts as no hops
 

@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
-from consumers.store import _UINT_MAX, dead_row, event_row, fits, page_row
+from consumers.store import _UINT_MAX, dead_row, enqueued_rows, event_row, fits, page_row
 from core.errors import DecodeError
-from infra.clickhouse import SQL_DIR
+from infra.clickhouse import LINEAGE_COLUMNS, SQL_DIR
+from schemas.codec import default_codec
+from schemas.records import ParsedPage
 
 TS = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -71,3 +73,36 @@ def test_deep_pages_are_capped_not_refused() -> None:
 def test_values_outside_a_column_are_a_decode_error(table: str, row: tuple[Any, ...]) -> None:
     with pytest.raises(DecodeError, match="outside"):
         fits(table, row)
+
+
+def test_a_pages_enqueued_links_become_lineage_rows_keyed_by_its_place() -> None:
+    """ParsedPage v4 carries the links its page put on the frontier; the store writes their
+    ``enqueued`` lineage rows, one per link, under the page record's place and the link's
+    index (a replayed batch's second copy collapses), with the parse worker and version."""
+    page = _page(parsed_at_ms=TS, parse_version="9.9", enqueued=[
+        {"url": "http://b.test/1", "target": "b.test", "dedupe_key": "default|http://b.test/1"},
+        {"url": "http://a.test/2", "target": "a.test", "dedupe_key": "*|http://a.test/2"}])
+    rows = enqueued_rows("crawl.parsed:3:17", page)
+    assert [dict(zip(LINEAGE_COLUMNS, r, strict=True)) for r in rows] == [
+        {"event_id": "crawl.parsed:3:17#0", "ts": TS, "dedupe_key": "default|http://b.test/1",
+         "url": "http://b.test/1", "target": "b.test", "profile": "default",
+         "state": "enqueued", "attempt": 0, "parent_url": "http://a.test/", "detail": "link",
+         "stage": "parse", "worker": "p", "version": "9.9"},
+        {"event_id": "crawl.parsed:3:17#1", "ts": TS, "dedupe_key": "*|http://a.test/2",
+         "url": "http://a.test/2", "target": "a.test", "profile": "default",
+         "state": "enqueued", "attempt": 0, "parent_url": "http://a.test/", "detail": "link",
+         "stage": "parse", "worker": "p", "version": "9.9"}]
+    assert all(fits("lineage", r) for r in rows)
+
+
+def test_a_page_written_before_v4_enqueues_no_rows() -> None:
+    """A v3 ParsedPage in flight across the upgrade decodes with no enqueued links (its
+    links' lineage records were written on crawl.lineage then)."""
+    codec = default_codec()
+    v3 = next(v for v in codec.versions("ParsedPage") if v.version == 3)
+    old = {k: v for k, v in _page(parsed_at_ms=TS).items()}
+    old.update(profile_bundle_version="", http_version="", tls_version="", code_revision="")
+    value, headers = codec.encode("ParsedPage", old, v3)
+    page = codec.decode_as(ParsedPage, value, headers)
+    assert page["enqueued"] == [] and page["parse_version"] == ""
+    assert enqueued_rows("crawl.parsed:0:1", page) == []
