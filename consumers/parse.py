@@ -116,8 +116,7 @@ class ParseStage(BatchStage):
             return [self.encoder.dead(job, raw_value(msg), tp_of(msg)[0], err.reason,
                                       str(err), int(job.get("attempt", 0)) + 1),
                     *([self.encoder.record(self.topology.telemetry, job["target"],
-                                           job_key(job["target"], job["profile"], job["url"]),
-                                           event)] if event else [])]
+                                           page_key(job).encode(), event)] if event else [])]
         self.status.add("pages")
         return outputs
 
@@ -182,9 +181,11 @@ class ParseStage(BatchStage):
         self._gate.add(len(out))
         return out, enqueued
 
+
 def attempt_event(result: FetchResult) -> FetchEvent | None:
     """The telemetry event a fetched record carries (FetchResult v3), as a record of its
-    own: for a page the parse stage dead-letters, whose attempt must still be counted."""
+    own: for a page the parse stage dead-letters, whose attempt must still be counted. Keyed
+    as the fetch stage keys its events (the page's dedupe key)."""
     if not result.get("outcome"):
         return None  # a v2 record: its event was written on its own
     job = result["job"]
