@@ -11,8 +11,11 @@ overlap. This module is that thread's side of a session:
   thread (:class:`~streams.partition_restore.PartitionRestore`, as the batch runtime's);
   they then resume from the group's committed offsets, which also seed the
   :class:`~streams.ledger.Ledger`;
-- a revoke commits finished work before the partitions move; a loss (the membership
-  expired) poisons the ledger, commits nothing and ends the session;
+- a revoke commits finished work before the partitions move; if that hand-over fails, the
+  session ends and the stage leaves the group before it rejoins (a static rejoin in the
+  middle of a cooperative rebalance could leave the revoked partitions to nobody:
+  :class:`~streams.io.HandOverError`); a loss (the membership expired) poisons the ledger,
+  commits nothing and ends the session;
 - a commit takes what the ledger hands out and commits it with the stage's extra outputs;
   a failed one commits nothing more (the session ends and the next restores);
 - the inputs pause while the stage is full or the fleet is paused;
@@ -41,9 +44,17 @@ from core.config import Settings
 from core.errors import CrawlfleetError
 from core.versions import NotApprovedError, refusal, worker_tuple
 from schemas.topics import Topology
-from streams.committer import TxnCommitter, on_kafka_thread
+from streams import faults
+from streams.committer import TxnAbortedError, TxnCommitter, on_kafka_thread
 from streams.control import ControlReader, ControlState
-from streams.io import Encoder, FencedError, Output, consume_ready, consumer_conf
+from streams.io import (
+    Encoder,
+    FencedError,
+    HandOverError,
+    Output,
+    consume_ready,
+    consumer_conf,
+)
 from streams.ledger import CommitBatch, Ledger
 from streams.membership import Membership, group_share
 from streams.partition_restore import PartitionRestore, RestoreSpec
@@ -231,10 +242,17 @@ class AsyncSession:
             # Hand over finished work before the partitions move. Not from the consumer's
             # positions: this callback may run inside consume(), after it returned records
             # that are not admitted yet, and a position past them would lose them.
+            if faults.fails("abort_handover"):  # as if its commit failed (see streams.faults)
+                self.ledger.aborted("fault injection")
+                raise TxnAbortedError("fault injection: the hand-over commit must fail")
             self._commit(use_positions=False)
-        except CrawlfleetError as exc:
-            # Our state is no longer known to match the broker's: rebuild the session.
+        except FencedError as exc:  # a newer twin holds our ids: it must not be evicted
             self.broken = exc
+        except CrawlfleetError as exc:
+            # Our state is no longer known to match the broker's: rebuild the session, and
+            # as a fresh member (see HandOverError).
+            self.broken = HandOverError(f"hand-over commit failed: {exc}")
+            self.status.add("handover_failures")
         self._forget(revoked)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -279,6 +297,8 @@ class AsyncSession:
 
     def _poll(self, timeout: float) -> list[Message]:
         assert self.consumer is not None and self.control is not None
+        if self.broken is not None:  # a callback ended the session: nothing more is taken
+            return []
         changed = self.control.poll(0)
         if changed and not self.leaving:
             why = refusal(self.control.state.approved, self.version)

@@ -11,7 +11,10 @@
 And one where it lives on, and the commit fails as a slow or failing broker makes it fail
 (the path a kill never reaches):
 
-- ``abort_commit``: the transaction is aborted instead of committed (an abortable error).
+- ``abort_commit``: the transaction is aborted instead of committed (an abortable error);
+- ``abort_handover``: the commit an asyncio stage (fetch) makes inside a revocation, handing
+  its finished work over before the partitions move, fails (as a generation that moved on
+  makes it fail, ILLEGAL_GENERATION), whether or not it had work to hand over.
 
 And one where it lives on and a commit stalls, as a transactional call does that librdkafka
 does not return from while its coordinator moved (librdkafka#5456, after brokers restart):

@@ -25,7 +25,7 @@ from confluent_kafka import (
 
 from core import __version__
 from core.config import Settings
-from core.errors import CrawlfleetError, DecodeError
+from core.errors import CrawlfleetError, DecodeError, KafkaStageError
 from schemas.codec import Codec, Headers, R, default_codec
 from schemas.records import Control, CrawlJob, DeadLetter
 from schemas.topics import Topology, partition_for
@@ -35,6 +35,16 @@ class FencedError(CrawlfleetError):
     """This worker no longer owns its transactional id or its partitions: drop and rejoin."""
 
     reason = "fenced"
+
+
+class HandOverError(KafkaStageError):
+    """The commit handing finished work over as partitions were revoked failed, so the
+    session ends in the middle of a cooperative rebalance, before this member rejoined for
+    its second round. A static member rejoining under the same instance id is handed its
+    former assignment back and no second round runs: the partitions it gave up would go to
+    nobody. The stage therefore leaves the group by instance id before it rejoins."""
+
+    reason = "handover"
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ from confluent_kafka import TopicPartition
 
 from consumers.fetch import FetchStage, _Session
 from core.config import Settings
+from streams.committer import TxnAbortedError
 from streams.control import ControlState
-from streams.io import Output
+from streams.io import FencedError, HandOverError, Output
 
 
 class _Msg:
@@ -130,3 +131,61 @@ def test_a_revoke_inside_consume_commits_no_offset_past_an_unadmitted_record(
     # The record at 10 was never processed: the next owner must read it.
     for offsets in committer.offsets:
         assert offsets.get((topic, 0), 10) <= 10, offsets
+
+
+class FailingCommitter(RecordingCommitter):
+    """A commit that fails as the broker makes it fail (an abortable error, or a fencing)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    def commit(self, consumer: Any, outputs: list[Output], offsets: list[TopicPartition],
+               track: frozenset[str] = frozenset()) -> dict[tuple[str, int], int]:
+        raise self.error
+
+
+def _revoke_with(tmp_path: Path, error: Exception) -> tuple[Any, list[Any], int]:
+    """A fetch session with finished work whose hand-over commit raises ``error``: (what
+    broke the session, what the next poll returned, the consumer polls it made)."""
+    settings = Settings(data_dir=tmp_path, bootstrap_servers="127.0.0.1:1")
+    stage = FetchStage(settings, worker_id="fetch-test")
+
+    async def scenario() -> tuple[Any, list[Any], int]:
+        session = _Session(stage)
+        topic = session.topo.frontier
+        consumer = LibrdkafkaLikeConsumer(topic, 0, next_offset=10)
+        consumer.on_revoke = session.kafka._on_revoke
+        session.kafka.consumer = consumer  # type: ignore[assignment]
+        session.kafka.committer = FailingCommitter(error)  # type: ignore[assignment]
+        session.kafka.control = _Control()  # type: ignore[assignment]
+        # Offset 10 finished (nothing held for it): the hand-over has it to commit.
+        session.ledger.assign([(topic, 0)], {(topic, 0): 10})
+        epoch = session.ledger.admit((topic, 0), 10)
+        assert epoch is not None
+        assert session.ledger.finish_raw((topic, 0), 10, epoch, [])
+        consumer.next_offset = 11
+        consumer.on_revoke(consumer, [TopicPartition(topic, 0)])
+        polled = consumer.next_offset
+        after = session.kafka._poll(0.0)
+        session.seen.close()
+        session.parked.store.close()
+        session.kafka.kx.shutdown(wait=False)
+        return session.kafka.broken, after, consumer.next_offset - polled
+
+    return asyncio.run(scenario())
+
+
+def test_a_failed_hand_over_ends_the_session_as_one_that_must_rejoin_afresh(
+        tmp_path: Path) -> None:
+    broken, after, polls = _revoke_with(tmp_path, TxnAbortedError("ILLEGAL_GENERATION"))
+    # The stage leaves its group before rejoining on this error only (see test_stage_rejoin).
+    assert isinstance(broken, HandOverError), broken
+    # Nothing more is taken from a consumer whose session is over.
+    assert after == [] and polls == 0
+
+
+def test_a_fenced_hand_over_is_not_taken_for_one_that_may_leave(tmp_path: Path) -> None:
+    broken, _, _ = _revoke_with(tmp_path, FencedError("transaction fenced"))
+    # A newer twin holds the instance id: leaving by it would evict the twin.
+    assert isinstance(broken, FencedError) and not isinstance(broken, HandOverError)
