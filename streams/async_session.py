@@ -14,7 +14,7 @@ overlap. This module is that thread's side of a session:
 - a revoke commits finished work before the partitions move; if that hand-over fails, the
   session ends and the stage leaves the group before it rejoins (a static rejoin in the
   middle of a cooperative rebalance could leave the revoked partitions to nobody:
-  :class:`~streams.io.HandOverError`); a loss (the membership expired) poisons the ledger,
+  :class:`~streams.io.StaleMembershipError`); a loss (the membership expired) poisons the ledger,
   commits nothing and ends the session;
 - a commit takes what the ledger hands out and commits it with the stage's extra outputs;
   a failed one commits nothing more (the session ends and the next restores);
@@ -250,7 +250,7 @@ class AsyncSession:
             self.broken = exc
         except CrawlfleetError as exc:
             # Our state is no longer known to match the broker's: rebuild the session, and
-            # as a fresh member (see HandOverError).
+            # as a fresh member (see StaleMembershipError).
             self.broken = HandOverError(f"hand-over commit failed: {exc}")
             self.status.add("handover_failures")
         self._forget(revoked)

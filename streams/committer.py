@@ -31,6 +31,7 @@ from streams import faults
 from streams.io import (
     FencedError,
     Output,
+    StaleMembershipError,
     connected_producer,
     producer_conf,
     transaction_timeout_ms,
@@ -44,6 +45,19 @@ class TxnAbortedError(KafkaStageError):
     """The transaction was aborted; the stage must rewind to its committed offsets."""
 
     reason = "txn_aborted"
+
+
+class GenerationMovedError(TxnAbortedError, StaleMembershipError):
+    """The offsets were refused because the group's generation moved on while the
+    transaction ran (a member joined or left): aborted, and the session ends in the middle
+    of that rebalance (see :class:`~streams.io.StaleMembershipError`)."""
+
+    reason = "generation_moved"
+
+
+#: Offset-commit errors that mean the group rebalanced under the transaction.
+GENERATION_ERRORS = (KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID,
+                     KafkaError.REBALANCE_IN_PROGRESS)
 
 
 
@@ -94,6 +108,7 @@ class TxnCommitter:
             faults.stall("stall_commit")
             if offsets:
                 meta = consumer.consumer_group_metadata()
+                faults.stall("stall_offsets")  # the metadata ages meanwhile
                 self._run("send_offsets_to_transaction",
                           lambda t: self.producer.send_offsets_to_transaction(offsets, meta, t),
                           deadline)
@@ -245,8 +260,12 @@ def on_kafka_thread(fn: Callable[..., R], *args: Any) -> R:
 def _classify(exc: KafkaException) -> CrawlfleetError:
     err: KafkaError = exc.args[0]
     if err.fatal() or err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
-                                     KafkaError.INVALID_PRODUCER_EPOCH):
+                                     KafkaError.INVALID_PRODUCER_EPOCH,
+                                     KafkaError.FENCED_INSTANCE_ID):
         return FencedError(f"transaction fenced: {err.str()}")
+    if err.txn_requires_abort() and err.code() in GENERATION_ERRORS:
+        return GenerationMovedError(f"transaction must abort, the group rebalanced: "
+                                    f"{err.str()}")
     if err.txn_requires_abort():
         return TxnAbortedError(f"transaction must abort: {err.str()}")
     return KafkaStageError(f"kafka error: {err.str()}")

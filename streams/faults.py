@@ -16,12 +16,15 @@ And one where it lives on, and the commit fails as a slow or failing broker make
   its finished work over before the partitions move, fails (as a generation that moved on
   makes it fail, ILLEGAL_GENERATION), whether or not it had work to hand over.
 
-And one where it lives on and a commit stalls, as a transactional call does that librdkafka
+And ones where it lives on and a commit stalls, as a transactional call does that librdkafka
 does not return from while its coordinator moved (librdkafka#5456, after brokers restart):
 
 - ``stall_commit``: the commit blocks for ``CRAWLFLEET_FAULT_STALL_S`` seconds (default
   30) before sending its offsets; the worker's event loop, its requests and its status
-  go on meanwhile.
+  go on meanwhile;
+- ``stall_offsets``: the commit takes its consumer's group metadata, then blocks as long
+  before sending its offsets with it: a member that joins meanwhile moves the group's
+  generation on, and the offsets are refused (ILLEGAL_GENERATION) as a slow commit's are.
 
 Unset (the default), every call is a dictionary lookup and nothing else.
 """

@@ -37,12 +37,20 @@ class FencedError(CrawlfleetError):
     reason = "fenced"
 
 
-class HandOverError(KafkaStageError):
-    """The commit handing finished work over as partitions were revoked failed, so the
-    session ends in the middle of a cooperative rebalance, before this member rejoined for
-    its second round. A static member rejoining under the same instance id is handed its
-    former assignment back and no second round runs: the partitions it gave up would go to
-    nobody. The stage therefore leaves the group by instance id before it rejoins."""
+class StaleMembershipError(KafkaStageError):
+    """The session ended while its group was rebalancing (a cooperative rebalance's first
+    round done, this member's rejoin for the second not yet sent). A static member that
+    rejoins under the same instance id is then handed its former assignment back with no
+    second round, and the partitions it was giving up go to nobody until the group's next
+    rebalance. The stage therefore leaves the group by instance id before it rejoins (a
+    fresh join: the assignor places every partition). Never raised for a fencing: the
+    instance id may then be a newer twin's, which a leave would evict."""
+
+    reason = "stale_membership"
+
+
+class HandOverError(StaleMembershipError):
+    """The commit handing finished work over as partitions were revoked failed."""
 
     reason = "handover"
 

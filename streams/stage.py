@@ -31,7 +31,7 @@ from infra.topics import topology_of
 from schemas.codec import Codec
 from streams.approval import ApprovalGate
 from streams.group_leave import leave_group
-from streams.io import Encoder, FencedError, HandOverError
+from streams.io import Encoder, FencedError, StaleMembershipError
 from streams.status import PollGaps, StatusFile
 from streams.worker import REJOIN_PAUSE_S, StopFlag, wait_for_kafka, worker_name
 
@@ -96,7 +96,7 @@ class Stage(ABC):
                 log.warning("%s %s lost its session, dropping its work and rejoining: %s",
                             self.stage, self.worker, exc)
                 self.status.add("fenced")
-                if isinstance(exc, HandOverError):
+                if isinstance(exc, StaleMembershipError):
                     self._leave_for_rejoin()
                 self.stop.wait(REJOIN_PAUSE_S)  # a broker that is down fails at once
                 wait_for_kafka(self.settings, self.stop, self.status,
@@ -105,8 +105,8 @@ class Stage(ABC):
     def _leave_for_rejoin(self) -> None:
         """Leave the group by instance id, so the next session joins as a new member: the
         assignor then places every partition, those this worker gave up included (see
-        :class:`~streams.io.HandOverError`). Never on a fencing: the instance id may then
-        be a newer twin's."""
+        :class:`~streams.io.StaleMembershipError`). Never on a fencing: the instance id
+        may then be a newer twin's."""
         if leave_group(self.settings, self.topology.group(self.stage), self.worker):
             self.status.add("left_for_rejoin")
 

@@ -1,18 +1,21 @@
 """What a stage does between sessions, by how the last one ended: a session that failed its
-hand-over inside a cooperative revocation leaves the group (by instance id) before the next
-joins, so that join is a fresh one and the assignor places every partition; any other lost
-session rejoins under static membership and keeps its partitions, and a fenced one never
-leaves (the instance id may be a newer twin's)."""
+hand-over inside a cooperative revocation, or whose commit was refused because its group's
+generation moved on, leaves the group (by instance id) before the next joins, so that join
+is a fresh one and the assignor places every partition; any other lost session rejoins under
+static membership and keeps its partitions, and a fenced one never leaves (the instance id
+may be a newer twin's)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 import streams.stage as stage_mod
 from core.config import Settings
 from core.errors import KafkaStageError
+from streams.committer import TxnAbortedError, _classify
 from streams.io import FencedError, HandOverError
 from streams.stage import Stage
 
@@ -60,3 +63,33 @@ def test_other_lost_sessions_rejoin_without_leaving(
     left, st = _run(tmp_path, error, monkeypatch)
     assert left == []
     assert st.sessions == 2
+
+
+def test_a_commit_refused_because_the_group_rebalanced_leaves_before_rejoining(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the committer raises when the offsets meet a generation that moved on.
+    error = _classify(KafkaException(KafkaError(
+        KafkaError.ILLEGAL_GENERATION, "Specified group generation id is not valid",
+        txn_requires_abort=True)))
+    assert isinstance(error, TxnAbortedError)  # aborted as any abortable commit is
+    left, st = _run(tmp_path, error, monkeypatch)
+    assert left == [(st.topology.group("fetch"), st.worker)]
+
+
+@pytest.mark.parametrize("code", [KafkaError.FENCED_INSTANCE_ID, KafkaError.PRODUCER_FENCED])
+def test_a_commit_refused_for_a_newer_twin_never_leaves(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    error = _classify(KafkaException(KafkaError(code, "fenced", txn_requires_abort=True)))
+    assert isinstance(error, FencedError)
+    left, _ = _run(tmp_path, error, monkeypatch)
+    assert left == []
+
+
+def test_an_ordinary_abort_rejoins_under_static_membership(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A slow broker's abort, no rebalance: the partitions stay with their owner.
+    error = _classify(KafkaException(KafkaError(
+        KafkaError._TIMED_OUT, "timed out", txn_requires_abort=True)))
+    assert isinstance(error, TxnAbortedError)
+    left, _ = _run(tmp_path, error, monkeypatch)
+    assert left == []
