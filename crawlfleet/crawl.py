@@ -28,7 +28,7 @@ from core.errors import InfraError
 from crawlfleet.fleet import PARTITIONS_PER_WORKER as PARTITIONS_PER_WORKER
 from crawlfleet.fleet import STORE_STAGES, Fleet, Plan
 from crawlfleet.fleet import settings_env as settings_env
-from crawlfleet.health import HeldWork, StallWatch, read_held_work, stalls
+from crawlfleet.health import HeldRecheck, HeldWork, StallWatch, read_held_work, stalls
 from crawlfleet.phases import Phases
 from crawlfleet.reach import resolve_bootstrap
 from infra import kafka_local
@@ -362,7 +362,7 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
     stall_watch = StallWatch()
     held: HeldWork | None = None
     held_note = ""
-    held_at = -HELD_RECHECK_S
+    recheck = HeldRecheck(HELD_FIRST_RECHECK_S, HELD_RECHECK_S)
     quiet = tail = False
     # A terminal gets a live table; a pipe or a file gets a plain line every few seconds.
     live = Live(console=console, refresh_per_second=4, transient=False) \
@@ -384,8 +384,9 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
                 drained = False
                 if not quiet:
                     held = None
-                elif held is None or held.empty or now - held_at >= HELD_RECHECK_S:
-                    held_at = now
+                    recheck.reset()
+                elif recheck.due(now, held):
+                    recheck.reading(now, held)
                     try:
                         held, held_note = read_held_work(settings), ""
                     except InfraError as exc:
@@ -418,7 +419,9 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
 #: 200-page crawl: 0.16-1.14 s from its last stored page to drained, most 0.3-0.6 s).
 TICK_S = 0.25
 QUICK_TICK_S = 0.1
-#: While the gauges say calm but the broker holds work, the changelogs are read this often.
+#: While the gauges say calm but the broker holds work, the changelogs are read again after
+#: the first wait, then twice as long each time, up to the second (:class:`HeldRecheck`).
+HELD_FIRST_RECHECK_S = 0.25
 HELD_RECHECK_S = 2.0
 
 

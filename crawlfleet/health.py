@@ -112,6 +112,33 @@ class HeldWork:
         return ", ".join(parts)
 
 
+class HeldRecheck:
+    """When a calm crawl reads its changelogs again while they held work: after
+    ``first_s``, then twice as long each time they still hold some, up to ``most_s``.
+    What holds a crawl's end is most often a transaction still committing, gone within a
+    tick (a fixed 2 s wait was that much of such a crawl's drain); parked work waiting for
+    minutes is read every ``most_s``. Nothing held (or nothing read yet): read every tick."""
+
+    def __init__(self, first_s: float, most_s: float) -> None:
+        self.first_s, self.most_s = first_s, most_s
+        self.wait_s = first_s
+        self._read_at: float | None = None
+
+    def due(self, now: float, held: HeldWork | None) -> bool:
+        return held is None or held.empty or self._read_at is None \
+            or now - self._read_at >= self.wait_s
+
+    def reading(self, now: float, held_before: HeldWork | None) -> None:
+        """A read starts now; ``held_before`` is what the previous one found."""
+        if held_before is not None and not held_before.empty and self._read_at is not None:
+            self.wait_s = min(2 * self.wait_s, self.most_s)
+        self._read_at = now
+
+    def reset(self) -> None:
+        """The crawl is busy again: the next calm starts over."""
+        self.wait_s, self._read_at = self.first_s, None
+
+
 def read_held_work(settings: Settings, timeout_s: float = 10.0) -> HeldWork:
     """Both changelogs read to a stable end (raises InfraError if Kafka cannot be asked)."""
     topo = topology_of(settings)

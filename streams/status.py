@@ -42,6 +42,10 @@ class PollGaps:
         self.status.gauges["poll_gap_ms"] = int(max(self._max, self._previous) * 1000)
 
 
+#: How often a worker's status file is written at most (when nothing forces it).
+WRITE_EVERY_S = 0.5
+#: ... and when the worker has just gone idle (it held work at the last write, none now).
+IDLE_WRITE_EVERY_S = 0.05
 
 #: Status gauges that mean a worker still holds work: a pipeline is drained only when every
 #: worker reports zero for each (jobs in flight, queued in memory, parked on disk, waiting in
@@ -85,6 +89,7 @@ class StatusFile:
         self.notes: dict[str, Any] = {}
         self._last_write = 0.0
         self._last_activity = time.monotonic()
+        self._held_when_written = False  # the last file written showed work held
 
     def waiting_for(self, what: str, gauge: str, waited_s: float = 0.0) -> None:
         """Say what the worker waits for (``what`` "" = no longer), in ``gauge`` (1/0) and
@@ -106,8 +111,15 @@ class StatusFile:
             self._last_activity = time.monotonic()
 
     def write(self, force: bool = False) -> None:
+        """Write the file, at most every ``WRITE_EVERY_S``; at once when the worker has
+        just put down the last work it held (the crawl reads "drained" from these files
+        and the broker together: a file up to half a second stale was that much of every
+        crawl's drain), and at most every ``IDLE_WRITE_EVERY_S`` for that."""
         now = time.monotonic()
-        if not force and now - self._last_write < 0.5:
+        since = now - self._last_write
+        went_idle = self._held_when_written and not holds_work(self.gauges)
+        if not force and since < WRITE_EVERY_S \
+                and not (went_idle and since >= IDLE_WRITE_EVERY_S):
             return
         self._last_write = now
         for name, fn in self.gauge_fns.items():
@@ -121,6 +133,7 @@ class StatusFile:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(self.path)
+        self._held_when_written = bool(holds_work(self.gauges))
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
