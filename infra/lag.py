@@ -34,9 +34,19 @@ class LagProbe:
             return -1
         return sum(max(0, high - start) for start, high in positions.values())
 
-    def positions(self, group: str, topics: list[str],
-                  partitions: int) -> dict[tuple[str, int], tuple[int, int]] | None:
-        """(next offset ``group`` reads, end offset) per partition; None if unavailable."""
+    def committed(self, group: str, topics: list[str],
+                  partitions: int) -> dict[tuple[str, int], int] | None:
+        """``group``'s committed offset per partition (-1: none yet), from the group
+        coordinator alone (no end offsets asked of the partition leaders); None if
+        unavailable."""
+        tps = [TopicPartition(t, p) for t in topics for p in range(partitions)]
+        try:
+            got = self._consumer(group).committed(tps, timeout=10)
+        except KafkaException:
+            return None
+        return {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else -1 for tp in got}
+
+    def _consumer(self, group: str) -> Consumer:
         c = self._consumers.get(group)
         if c is None:
             # read_uncommitted: the offsets committed now, never a wait for a pending
@@ -48,6 +58,12 @@ class LagProbe:
                                                    "group.id": group,
                                                    "enable.auto.commit": False,
                                                    "isolation.level": "read_uncommitted"})
+        return c
+
+    def positions(self, group: str, topics: list[str],
+                  partitions: int) -> dict[tuple[str, int], tuple[int, int]] | None:
+        """(next offset ``group`` reads, end offset) per partition; None if unavailable."""
+        c = self._consumer(group)
         tps = [TopicPartition(t, p) for t in topics for p in range(partitions)]
         try:
             committed = c.committed(tps, timeout=10)
