@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
@@ -9,6 +10,9 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 
 from core.config import Settings
 from schemas.topics import Topology, stages
+
+#: How long one look waits for end offsets before leaving the partitions not answered out.
+OFFSETS_WAIT_S = 1.0
 
 
 class LagProbe:
@@ -28,9 +32,11 @@ class LagProbe:
         self.ends: dict[tuple[str, int], int] = {}
 
     def lag(self, group: str, topics: list[str], partitions: int) -> int:
-        """Records not yet committed by ``group`` (transaction markers count as one each)."""
+        """Records not yet committed by ``group`` (transaction markers count as one each);
+        -1 when unknown, also when a partition's end offset could not be read (a sum over
+        the others would read low, and "drained" is decided on these figures)."""
         positions = self.positions(group, topics, partitions)
-        if positions is None:
+        if positions is None or len(positions) < len(topics) * partitions:
             return -1
         return sum(max(0, high - start) for start, high in positions.values())
 
@@ -88,18 +94,25 @@ class LagProbe:
                                 topology.partitions) for stage in stages()}
 
     def _offsets(self, tps: set[tuple[str, int]], spec: OffsetSpec) -> dict[tuple[str, int], int]:
-        """Offsets of ``tps`` by ``spec`` (high watermark for latest), batched per broker."""
+        """Offsets of ``tps`` by ``spec`` (high watermark for latest), batched per broker.
+
+        A partition not answered within ``OFFSETS_WAIT_S`` is left out (as one whose leader
+        is not known yet): on topics made a moment ago an answer took ~3 s in some crawls'
+        first look, and the crawl's drain watch waited that long before its next look.
+        """
         if self._admin is None:
             self._admin = AdminClient(self._settings.kafka_common())
         futures: dict[TopicPartition, Future[object]] = self._admin.list_offsets(
             {TopicPartition(t, p): spec for t, p in tps},
             isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=10)
         out: dict[tuple[str, int], int] = {}
+        deadline = time.monotonic() + OFFSETS_WAIT_S
         for tp, fut in futures.items():
             try:
-                out[(tp.topic, tp.partition)] = int(fut.result().offset)  # type: ignore[attr-defined]
-            except KafkaException:
-                continue  # partition not (yet) known: left out, as before
+                got = fut.result(timeout=max(0.0, deadline - time.monotonic()))
+                out[(tp.topic, tp.partition)] = int(got.offset)  # type: ignore[attr-defined]
+            except (KafkaException, TimeoutError):
+                continue  # partition not (yet) known, or not answered yet: left out
         return out
 
     def close(self) -> None:
