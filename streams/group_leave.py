@@ -16,24 +16,10 @@ same security settings as the workers' clients.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import ssl
-from typing import Any, TypeAlias
-
-# aiokafka ships no type information: its protocol classes are Any to mypy.
-from aiokafka.client import AIOKafkaClient, CoordinationType  # type: ignore[import-untyped]
-from aiokafka.protocol.api import (  # type: ignore[import-untyped]
-    Request,
-    RequestStruct,
-    Response,
-)
-from aiokafka.protocol.types import (  # type: ignore[import-untyped]
-    Array,
-    Int16,
-    Int32,
-    Schema,
-    String,
-)
+from typing import Any
 
 from core.config import Settings
 from core.errors import KafkaStageError
@@ -48,45 +34,60 @@ UNKNOWN_MEMBER_ID = ""
 NO_ERROR, UNKNOWN_MEMBER, FENCED_INSTANCE = 0, 25, 82
 
 
-class LeaveGroupResponse_v3(Response):  # type: ignore[misc]  # (untyped base)
-    API_KEY = 13
-    API_VERSION = 3
-    SCHEMA = Schema(
-        ("throttle_time_ms", Int32),
-        ("error_code", Int16),
-        ("members", Array(("member_id", String("utf-8")),
-                          ("group_instance_id", String("utf-8")),
-                          ("error_code", Int16))),
+@functools.cache
+def _leave_request() -> Any:
+    """The request class, built on first use: aiokafka (~30 ms of imports) is needed only
+    when a worker leaves, and every stage process imports this module at start-up."""
+    # aiokafka ships no type information: its protocol classes are Any to mypy.
+    from aiokafka.protocol.api import (  # type: ignore[import-untyped]
+        Request,
+        RequestStruct,
+        Response,
+    )
+    from aiokafka.protocol.types import (  # type: ignore[import-untyped]
+        Array,
+        Int16,
+        Int32,
+        Schema,
+        String,
     )
 
+    class LeaveGroupResponse_v3(Response):  # type: ignore[misc]  # (untyped base)
+        API_KEY = 13
+        API_VERSION = 3
+        SCHEMA = Schema(
+            ("throttle_time_ms", Int32),
+            ("error_code", Int16),
+            ("members", Array(("member_id", String("utf-8")),
+                              ("group_instance_id", String("utf-8")),
+                              ("error_code", Int16))),
+        )
 
-class LeaveGroupRequest_v3(RequestStruct):  # type: ignore[misc]
-    API_KEY = 13
-    API_VERSION = 3
-    RESPONSE_TYPE = LeaveGroupResponse_v3
-    SCHEMA = Schema(
-        ("group", String("utf-8")),
-        ("members", Array(("member_id", String("utf-8")),
-                          ("group_instance_id", String("utf-8")))),
-    )
+    class LeaveGroupRequest_v3(RequestStruct):  # type: ignore[misc]
+        API_KEY = 13
+        API_VERSION = 3
+        RESPONSE_TYPE = LeaveGroupResponse_v3
+        SCHEMA = Schema(
+            ("group", String("utf-8")),
+            ("members", Array(("member_id", String("utf-8")),
+                              ("group_instance_id", String("utf-8")))),
+        )
 
+    class LeaveGroupByInstance(Request[LeaveGroupRequest_v3]):  # type: ignore[misc]
+        """LeaveGroup for static members named by instance id (v3 is the first with them,
+        and every broker since Kafka 2.4 takes it; 4.0 dropped v0-v2)."""
 
-_Struct: TypeAlias = LeaveGroupRequest_v3
+        API_KEY = 13
 
+        def __init__(self, group: str, instances: list[str]) -> None:
+            self.group = group
+            self.instances = instances
 
-class LeaveGroupByInstance(Request[_Struct]):  # type: ignore[misc]
-    """LeaveGroup for static members named by instance id (v3 is the first with them, and
-    every broker since Kafka 2.4 takes it; 4.0 dropped v0-v2)."""
+        def build(self, request_struct_class: type[Any]) -> Any:
+            return request_struct_class(
+                self.group, [(UNKNOWN_MEMBER_ID, inst) for inst in self.instances])
 
-    API_KEY = 13
-
-    def __init__(self, group: str, instances: list[str]) -> None:
-        self.group = group
-        self.instances = instances
-
-    def build(self, request_struct_class: type[_Struct]) -> _Struct:
-        return request_struct_class(
-            self.group, [(UNKNOWN_MEMBER_ID, inst) for inst in self.instances])
+    return LeaveGroupByInstance
 
 
 def _client_conf(settings: Settings) -> dict[str, Any]:
@@ -106,11 +107,15 @@ def _client_conf(settings: Settings) -> dict[str, Any]:
 
 
 async def _leave(settings: Settings, group: str, instance: str) -> int:
+    from aiokafka.client import (  # type: ignore[import-untyped]
+        AIOKafkaClient,
+        CoordinationType,
+    )
     client = AIOKafkaClient(**_client_conf(settings))
     try:
         await client.bootstrap()
         node = await client.coordinator_lookup(CoordinationType.GROUP, group)
-        resp = await client.send(node, LeaveGroupByInstance(group, [instance]))
+        resp = await client.send(node, _leave_request()(group, [instance]))
         if resp.error_code != NO_ERROR:
             return int(resp.error_code)
         codes = [int(m[2]) for m in resp.members]
