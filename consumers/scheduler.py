@@ -197,21 +197,14 @@ class TargetScheduler(Generic[T]):
     def targets(self) -> list[str]:
         return list(self._slots)
 
-    def send_delay(self, target: str, now: float) -> float:
-        """How long a released job must still wait before its request leaves, so that two
-        requests to ``target`` leave at least an interval apart. Releases are spaced by
-        the interval already; a request can still leave late (an event loop busy with a
-        restore, a collection) and the next on time, and the site counts the gap it sees."""
-        slot = self._slots.get(target)
-        if slot is None:
-            return 0.0
-        return max(0.0, slot.last_sent + slot.interval - now)
-
     def reserve_send(self, target: str, now: float) -> float:
-        """When a request to ``target`` may leave, reserved: the next caller's time is an
-        interval later even while this one still waits for its own (two requests released
-        close together, both waiting out a takeover's interval, would otherwise leave at
-        once)."""
+        """When a released job's request to ``target`` may leave, so that two requests
+        leave at least an interval apart, reserved: the next caller's time is an interval
+        later even while this one still waits for its own (two requests released close
+        together, both waiting out a takeover's interval, would otherwise leave at once).
+        Releases are spaced by the interval already; a request can still leave late (an
+        event loop busy with a restore, a collection) and the next on time, and the site
+        counts the gap it sees."""
         slot = self._slots.get(target)
         if slot is None:
             return now

@@ -62,17 +62,14 @@ def test_a_request_that_left_late_pushes_the_next_one_back() -> None:
     s = sched(0.5)
     for i in range(3):
         s.push("a", f"a{i}", now=0.0)
-    assert s.send_delay("a", 0.0) == 0.0  # nothing sent yet
     assert s.pop_ready(0.0, 10) == [("a", "a0")]
     s.sent("a", 0.45)  # a0 left 0.45 s after its release
     assert s.pop_ready(0.5, 10) == [("a", "a1")]
-    assert abs(s.send_delay("a", 0.5) - 0.45) < EPS  # a1 waits until 0.95
-    s.sent("a", 0.95)
+    assert abs(s.reserve_send("a", 0.5) - 0.95) < EPS  # a1 waits until 0.95
     assert s.pop_ready(1.0, 10) == [("a", "a2")]
-    assert abs(s.send_delay("a", 1.0) - 0.45) < EPS
     s.sent("a", 0.9)  # an older time never moves the last send back
-    assert abs(s.send_delay("a", 1.0) - 0.45) < EPS
-    assert s.send_delay("b", 1.0) == 0.0  # a target without a slot: nothing to wait for
+    assert abs(s.reserve_send("a", 1.0) - 1.45) < EPS  # an interval after a1's 0.95
+    assert s.reserve_send("b", 1.0) == 1.0  # a target without a slot: nothing to wait for
 
 
 def test_targets_interleave_independently() -> None:
@@ -418,13 +415,12 @@ def test_a_target_taken_over_sends_an_interval_after_the_takeover() -> None:
     s.push("a.test", "a1", now=10.0)
     s.push("b.test", "b1", now=10.0)
     assert sorted(s.pop_ready(10.0, 10)) == [("a.test", "a1"), ("b.test", "b1")]
-    assert s.send_delay("a.test", 10.0) == pytest.approx(0.5)  # taken over at 10.0
-    assert s.send_delay("b.test", 10.0) == 0.0  # a new crawl's target: at once
+    assert s.reserve_send("a.test", 10.0) == pytest.approx(10.5)  # taken over at 10.0
+    assert s.reserve_send("b.test", 10.0) == 10.0  # a new crawl's target: at once
     # A slot this worker already had, taken over again (a restore after a rebalance).
-    s.sent("b.test", 10.0)
     s.handover(lambda t: t == "b.test", 12.0)
-    assert s.send_delay("b.test", 12.0) == pytest.approx(0.5)
-    assert s.send_delay("a.test", 12.0) == 0.0
+    assert s.reserve_send("b.test", 12.0) == pytest.approx(12.5)
+    assert s.reserve_send("a.test", 12.0) == 12.0
 
 
 def test_two_requests_waiting_for_their_time_leave_an_interval_apart() -> None:
