@@ -13,8 +13,9 @@ import itertools
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TypedDict, cast
+from typing import cast
 
+from consumers.attempts import AttemptFields, VersionFields, fetch_event
 from consumers.classify import Signal, Verdict, classify_status
 from consumers.http_fetch import REDIRECT_STATUSES, Response
 from consumers.scope import follow
@@ -31,7 +32,7 @@ from core.urls import resolve_link, target_of
 from core.versions import FETCHER_VERSION, HTTP_LIB_VERSION, TLS_LIB_VERSION, code_revision
 from producers.lineage import ENQUEUED, lineage_event
 from producers.replay import REDIRECT_HOPS, without_replay
-from schemas.records import CrawlJob, FetchEvent, FetchResult, Seen, SeenState
+from schemas.records import CrawlJob, FetchResult, Seen, SeenState
 from schemas.topics import RETRY_DELAYS_S, Topology
 from streams.io import Encoder, Output
 from streams.ledger import Pending
@@ -52,24 +53,6 @@ def placed_job(pj: Pending) -> CrawlJob:
 def redirect_hops(job: CrawlJob) -> int:
     value = (job.get("meta") or {}).get(REDIRECT_HOPS, "0")
     return int(value) if value.isascii() and value.isdigit() and len(value) < 6 else 0
-
-
-class VersionFields(TypedDict):
-    """The version tuple's fields, as pages (FetchResult v2) and events carry them."""
-
-    profile_bundle_version: str
-    http_version: str
-    tls_version: str
-    code_revision: str
-
-
-class AttemptFields(TypedDict):
-    """An attempt's telemetry as a fetched record carries it (FetchResult v3)."""
-
-    outcome: str
-    reason: str
-    attempt_ms: int
-    fetcher_version: str
 
 
 @dataclass
@@ -228,16 +211,12 @@ class OutcomeRules:
         """The attempt's telemetry event, on ``crawl.telemetry`` unless another topic is
         named (a fetched page carries its own: :meth:`attempt`)."""
         job = pj.job
-        record: FetchEvent = {
-            "url": job["url"], "target": pj.target, "profile": pj.profile or job["profile"],
-            "attempt": job["attempt"], "status": status, "outcome": outcome, "reason": reason,
-            "elapsed_ms": int((time.monotonic() - started) * 1000), "bytes": size,
-            "worker": self.worker, "fetcher_version": FETCHER_VERSION,
-            "http_version": HTTP_LIB_VERSION, "tls_version": TLS_LIB_VERSION,
-            "profile_bundle_version": self.s.profile_bundle_version,
-            "code_revision": self.code_revision, "ts_ms": int(time.time() * 1000),
+        record = fetch_event(
+            job, pj.target, pj.profile or job["profile"], status,
+            self.attempt(outcome, reason, started), size, self.worker, self.versions,
+            int(time.time() * 1000),
             # Unique per attempt: the quarantine app counts distinct ids, so a replayed
             # event never counts twice (a retried job's next attempt is another event).
-            "event_id": f"{self._id_prefix}{next(self._ids):016x}", "egress": pj.egress}
+            f"{self._id_prefix}{next(self._ids):016x}", pj.egress)
         return self.enc.record(topic or self.topology.telemetry, pj.target, pj.key.encode(),
                                record)

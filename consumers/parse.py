@@ -14,6 +14,7 @@ from typing import Any
 
 from confluent_kafka import Message
 
+from consumers.attempts import fetch_event
 from consumers.html import extract
 from consumers.scope import follow
 from core import __version__
@@ -189,15 +190,9 @@ def attempt_event(result: FetchResult) -> FetchEvent | None:
     if not result.get("outcome"):
         return None  # a v2 record: its event was written on its own
     job = result["job"]
-    return {"url": job["url"], "target": job["target"], "profile": job["profile"],
-            "attempt": job["attempt"], "status": result["status"],
-            "outcome": result["outcome"], "reason": result["reason"],
-            "elapsed_ms": result["attempt_ms"], "bytes": len(result["body"]),
-            "worker": result["worker"], "fetcher_version": result["fetcher_version"],
-            "http_version": result["http_version"], "tls_version": result["tls_version"],
-            "profile_bundle_version": result["profile_bundle_version"],
-            "code_revision": result["code_revision"], "ts_ms": result["fetched_at_ms"],
-            "event_id": "", "egress": (job.get("meta") or {}).get(EGRESS_META, DIRECT)}
+    return fetch_event(job, job["target"], job["profile"], result["status"], result,
+                       len(result["body"]), result["worker"], result, result["fetched_at_ms"],
+                       "", (job.get("meta") or {}).get(EGRESS_META, DIRECT))
 
 
 def link_job(page: CrawlJob, link: str, target: str, meta: dict[str, str]) -> CrawlJob:
