@@ -183,9 +183,13 @@ def _crawl(settings: Settings, seeds: list[str], plan: Plan, console: Console,
         drained = _watch(settings, fleet, console, timeout_s, started)
         phases.mark("drained" if drained else "timed_out")
         elapsed = time.monotonic() - started
+        # The workers' last word is read before they are told to stop: a worker removes
+        # its status file as it exits, and one that exits while the store answers the
+        # summary's queries (seconds, on a large crawl) would be missing from it.
+        statuses = read_statuses(settings.status_dir)
         fleet.signal(but=STORE_STAGES)
         summary = _summarise(settings, report, start_wall, elapsed, drained, fleet,
-                             published_wall)
+                             published_wall, statuses)
         if summary.pages_stored:
             phases.mark_wall("first_fetch", summary.first_fetch_at)
             phases.mark_wall("last_store", summary.last_store_at)
@@ -484,7 +488,8 @@ def _progress_table(statuses: list[dict[str, Any]], lags: dict[str, int],
 
 
 def _summarise(settings: Settings, report: PublishReport, start_wall: float, elapsed: float,
-               drained: bool, fleet: Fleet, published_wall: float) -> Summary:
+               drained: bool, fleet: Fleet, published_wall: float,
+               statuses: list[dict[str, Any]]) -> Summary:
     since = f"toDateTime64({start_wall - 1:.3f}, 3, 'UTC')"
     # Values interpolated below are a float and a validated topic prefix, never user text.
     prefix = settings.topic_prefix
@@ -511,7 +516,7 @@ def _summarise(settings: Settings, report: PublishReport, start_wall: float, ela
         crawl_seconds=window_ms / 1000.0,
         crawl_pages_per_s=round(pages * 1000.0 / window_ms, 1) if window_ms > 0 else 0.0,
         drained=drained,
-        restarts=fleet.restarts, statuses=read_statuses(settings.status_dir),
+        restarts=fleet.restarts, statuses=statuses,
         address_hints={str(t): str(e) for t, e in hint_rows},
         published_at=round(published_wall, 3),
         publish_seconds=round(max(0.0, last_stored - published_wall), 3),
