@@ -145,8 +145,12 @@ class PartitionRestore:
         fetched between the two calls belong to the older version and are never delivered.
         """
         offsets, info = done.payload if done.payload is not None else ({}, None)
-        tps = self.membership.expand([TopicPartition(self.membership.lead, p)
-                                      for p in sorted(done.complete)])
+        # Only partitions still held: one revoked while its restore ran cannot be sought
+        # (librdkafka raises _STATE, which ended the worker: seen once in the full suite).
+        held = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+        tps = [tp for tp in self.membership.expand([TopicPartition(self.membership.lead, p)
+                                                    for p in sorted(done.complete)])
+               if (tp.topic, tp.partition) in held]
         committed = {(tp.topic, tp.partition): offsets.get((tp.topic, tp.partition), -1)
                      for tp in tps}
         if resume and tps:

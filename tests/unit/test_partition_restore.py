@@ -433,6 +433,7 @@ def test_the_async_session_seeds_its_ledger_and_resumes_only_when_not_paused(
         session.paused = paused
         try:
             tps = session.membership.expand([TopicPartition(topo.frontier, 2)])
+            consumer.assigned |= {(tp.topic, tp.partition) for tp in tps}  # as Membership does
             session._on_assign(consumer, tps)  # type: ignore[arg-type]
             assert session.restorer.waiting == {2}
             offsets = {(topo.frontier, 2): 30, (topo.frontier_high, 2): -1001}
@@ -561,3 +562,31 @@ def test_polls_are_short_only_while_a_restore_runs(
         assert restores.waiting == set() and restores.poll_timeout(0.2) == 0.2
     finally:
         restores.close()
+
+
+def test_a_restore_finished_after_its_partition_was_revoked_seeks_nothing(
+        tmp_path: Path) -> None:
+    # librdkafka raises _STATE on a seek of a partition no longer assigned: that ended a
+    # fetch worker whose partitions were revoked while their restore ran (full suite).
+    settings = _settings(tmp_path)
+    topo = topology_of(settings)
+
+    async def scenario() -> tuple[RecordingConsumer, Ledger]:
+        status = StatusFile(settings.status_dir, "fetch", "fetch-t")
+        ledger, logic = Ledger(), _Logic()
+        session = AsyncSession(settings, topo, "fetch", "fetch-t", Encoder(topo, "fetch-t"),
+                               status, StopFlag(), ledger, logic, frozenset())
+        consumer = RecordingConsumer()
+        session.consumer = consumer  # type: ignore[assignment]
+        try:
+            offsets = {(topo.frontier, 2): 30, (topo.frontier_high, 2): -1001}
+            # Partition 2 finished restoring, but it is no longer assigned.
+            session._restored(Restored({2}, set(), (offsets, "info"), 0.5))
+        finally:
+            session.restores.close()
+            session.kx.shutdown(wait=False)
+        return consumer, ledger
+
+    consumer, ledger = asyncio.run(scenario())
+    assert consumer.of("seek") == [] and consumer.of("resume") == []
+    assert not ledger.trackers
