@@ -30,6 +30,7 @@ import streams.partition_restore as partition_restore
 from consumers.retry import RetryStage
 from core.config import Settings
 from infra.topics import topology_of
+from schemas.topics import Topology
 from streams.async_session import AsyncSession
 from streams.batch_stage import BatchStage
 from streams.broker_time import BrokerTimeProbe
@@ -417,6 +418,19 @@ class _Logic:
         return None
 
 
+
+def _fetch_session(settings: Settings, topo: Topology) -> tuple[
+        AsyncSession, RecordingConsumer, Ledger, _Logic, StatusFile]:
+    """An asyncio stage's session (call on a running loop) with a recording consumer."""
+    status = StatusFile(settings.status_dir, "fetch", "fetch-t")
+    ledger, logic = Ledger(), _Logic()
+    session = AsyncSession(settings, topo, "fetch", "fetch-t", Encoder(topo, "fetch-t"),
+                           status, StopFlag(), ledger, logic, frozenset())
+    consumer = RecordingConsumer()
+    session.consumer = consumer  # type: ignore[assignment]
+    return session, consumer, ledger, logic, status
+
+
 @pytest.mark.parametrize("paused", [False, True])
 def test_the_async_session_seeds_its_ledger_and_resumes_only_when_not_paused(
         tmp_path: Path, paused: bool) -> None:
@@ -424,12 +438,7 @@ def test_the_async_session_seeds_its_ledger_and_resumes_only_when_not_paused(
     topo = topology_of(settings)
 
     async def scenario() -> tuple[RecordingConsumer, Ledger, _Logic, StatusFile]:
-        status = StatusFile(settings.status_dir, "fetch", "fetch-t")
-        ledger, logic = Ledger(), _Logic()
-        session = AsyncSession(settings, topo, "fetch", "fetch-t", Encoder(topo, "fetch-t"),
-                               status, StopFlag(), ledger, logic, frozenset())
-        consumer = RecordingConsumer()
-        session.consumer = consumer  # type: ignore[assignment]
+        session, consumer, ledger, logic, status = _fetch_session(settings, topo)
         session.paused = paused
         try:
             tps = session.membership.expand([TopicPartition(topo.frontier, 2)])
@@ -572,12 +581,7 @@ def test_a_restore_finished_after_its_partition_was_revoked_seeks_nothing(
     topo = topology_of(settings)
 
     async def scenario() -> tuple[RecordingConsumer, Ledger]:
-        status = StatusFile(settings.status_dir, "fetch", "fetch-t")
-        ledger, logic = Ledger(), _Logic()
-        session = AsyncSession(settings, topo, "fetch", "fetch-t", Encoder(topo, "fetch-t"),
-                               status, StopFlag(), ledger, logic, frozenset())
-        consumer = RecordingConsumer()
-        session.consumer = consumer  # type: ignore[assignment]
+        session, consumer, ledger, _, _ = _fetch_session(settings, topo)
         try:
             offsets = {(topo.frontier, 2): 30, (topo.frontier_high, 2): -1001}
             # Partition 2 finished restoring, but it is no longer assigned.
