@@ -2,11 +2,11 @@
 
 Each round publishes N seed URLs over 50 hosts into a fresh topic namespace (created, then
 deleted): once plain (``http://127.0.0.K:8080/p/I.html``), once with a query string each
-(``...?id=I&sort=name&utm_source=x``: canonicalisation sorts the query and drops the
-tracking parameter). The peer is a bare confluent-kafka producer sending the same number of
-records of the same size to the same topic with the same delivery settings (idempotent,
-acks=all, lz4): the floor of what publishing costs on this broker, with no parsing,
-canonicalisation, dedupe, Avro or lineage.
+(``...?sort=name&id=I&utm_source=x``: canonicalisation sorts the query's pairs). The peer
+is a bare confluent-kafka producer sending the same number of records of the same size to
+the same topic with the same delivery settings (idempotent, acks=all, lz4): the floor of
+what publishing costs on this broker, with no parsing, canonicalisation, dedupe, Avro or
+lineage.
 
     python -m bench.publish_bench [--urls 100000] [--repeat 1]
 """

@@ -32,31 +32,53 @@ def canonicalize(url: str) -> str:
     ``_CACHED_URL_LENGTH`` are cached, which bounds the cache's memory (~30 MB).
     """
     url = url.strip()
-    if _already_canonical(url):
-        return url
+    plain = _plain_canonical(url)
+    if plain is not None:
+        return plain
     return _canonicalize_cached(url) if len(url) <= _CACHED_URL_LENGTH else _canonicalize(url)
 
 
 _CACHED_URL_LENGTH = 256
 
-# URLs that are canonical as written: lower-case http(s) scheme and ASCII host (LDH labels),
-# a non-default port, and a path of unreserved characters only: no query, fragment, params,
-# userinfo, escapes or dot segments. Most links of a crawl look like this; w3lib would
-# return them as they are, at ~20 us each.
+# URLs whose canonical form is known without w3lib: lower-case http(s) scheme and ASCII host
+# (LDH labels), a non-default port, a path of unreserved characters only (no params,
+# userinfo, escapes or dot segments), no fragment, and a query (if any) of ``key=value`` pairs
+# of unreserved characters. Most links and seeds of a crawl look like this; w3lib takes
+# ~20 us on a plain one and ~45 us on one with a query, to return it as it is or with its
+# pairs sorted.
+_UNRESERVED = r"[A-Za-z0-9._~-]"
+_PAIR = rf"{_UNRESERVED}+={_UNRESERVED}*"
 _PLAIN_URL = re.compile(
     r"(https?)://((?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)"
-    r"(?::([1-9][0-9]{0,4}))?(/[A-Za-z0-9._~/-]*)")
+    rf"(?::([1-9][0-9]{{0,4}}))?(/[A-Za-z0-9._~/-]*)(?:\?({_PAIR}(?:&{_PAIR})*))?")
 
 
-def _already_canonical(url: str) -> bool:
+def _plain_canonical(url: str) -> str | None:
+    """The canonical form of a URL of :data:`_PLAIN_URL`'s shape, without w3lib (None for any
+    other URL). Its query's pairs are sorted by key, then value, as w3lib sorts them; being
+    unreserved characters, none is re-encoded."""
     m = _PLAIN_URL.fullmatch(url)
     if m is None or len(url) > MAX_URL_LENGTH or "xn--" in m[2] or len(m[2]) > 253 \
             or "/." in m[4]:  # dot segments are resolved by w3lib
-        return False
+        return None
     if ends_in_number(m[2]) and not _is_ip(m[2]):  # 2130706433, 127.1: an address, spelt
-        return False
+        return None
     port = m[3]
-    return port is None or (int(port) <= 65535 and int(port) != DEFAULT_PORTS[m[1]])
+    if port is not None and (int(port) > 65535 or int(port) == DEFAULT_PORTS[m[1]]):
+        return None
+    query = m[5]
+    if query is None or "&" not in query:
+        return url
+    pairs = [tuple(pair.split("=", 1)) for pair in query.split("&")]
+    ordered = sorted(pairs)
+    if ordered == pairs:
+        return url
+    return f"{url[:m.start(5)]}{'&'.join(f'{k}={v}' for k, v in ordered)}"
+
+
+def _already_canonical(url: str) -> bool:
+    """Whether ``url`` is its own canonical form by the fast path alone."""
+    return _plain_canonical(url) == url
 
 
 def _canonicalize(url: str) -> str:
@@ -223,7 +245,8 @@ def _resolve(base: str, href: str) -> str | None:
 def _resolve_on_origin(origin: str, href: str) -> str | None:
     """``href`` (absolute, or a path) on ``origin`` ("" for absolute), memoised."""
     joined = origin + href  # what urljoin gives for a plain path or an absolute URL
-    return joined if _already_canonical(joined) else _resolve(origin, href)
+    plain = _plain_canonical(joined)
+    return plain if plain is not None else _resolve(origin, href)
 
 
 #: NAT64 (RFC 6052): the last 32 bits are the IPv4 address the gateway connects to.
