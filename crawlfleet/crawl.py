@@ -467,8 +467,14 @@ def _progress_line(statuses: list[dict[str, Any]], lags: dict[str, int],
     return (f"{elapsed:5.0f}s  fetched {totals.get('fetch.fetched', 0)}  stored "
             f"{totals.get('store.stored_pages', 0)}  retries {totals.get('fetch.retries', 0)}  "
             f"dead {totals.get('fetch.dead', 0) + totals.get('parse.dead', 0)}  queues: "
-            + " ".join(f"{stage} {lag}" for stage, lag in lags.items())
+            + " ".join(f"{stage} {_lag_text(lag)}" for stage, lag in lags.items())
             + "".join(f"  | {n}" for n in notes or ()))
+
+
+def _lag_text(lag: int) -> str:
+    """A stage's lag as shown: ``?`` while a partition's end offset is unknown (the probe's
+    -1: a look that did not answer in time), never a number that is not one."""
+    return "?" if lag < 0 else str(lag)
 
 
 def _progress_table(statuses: list[dict[str, Any]], lags: dict[str, int],
@@ -483,7 +489,7 @@ def _progress_table(statuses: list[dict[str, Any]], lags: dict[str, int],
     t.add_row(str(totals.get("fetch.fetched", 0)), str(totals.get("store.stored_pages", 0)),
               str(totals.get("fetch.retries", 0)),
               str(totals.get("fetch.dead", 0) + totals.get("parse.dead", 0)),
-              *(str(lag) for lag in lags.values()))
+              *(_lag_text(lag) for lag in lags.values()))
     return t
 
 

@@ -69,23 +69,19 @@ class LagProbe:
     def positions(self, group: str, topics: list[str],
                   partitions: int) -> dict[tuple[str, int], tuple[int, int]] | None:
         """(next offset ``group`` reads, end offset) per partition; None if unavailable."""
-        c = self._consumer(group)
-        tps = [TopicPartition(t, p) for t in topics for p in range(partitions)]
+        committed = self.committed(group, topics, partitions)
+        if committed is None:
+            return None
         try:
-            committed = c.committed(tps, timeout=10)
-            high = self._offsets({(tp.topic, tp.partition) for tp in tps}, OffsetSpec.latest())  # type: ignore[no-untyped-call]
+            high = self._offsets(set(committed), OffsetSpec.latest())  # type: ignore[no-untyped-call]
             self.ends.update(high)
             # A group that never committed starts from the earliest offset still kept.
-            unset = {(tp.topic, tp.partition) for tp in committed if tp.offset < 0}
+            unset = {key for key, offset in committed.items() if offset < 0}
             low = self._offsets(unset, OffsetSpec.earliest()) if unset else {}  # type: ignore[no-untyped-call]
         except KafkaException:
             return None
-        out: dict[tuple[str, int], tuple[int, int]] = {}
-        for tp in committed:
-            key = (tp.topic, tp.partition)
-            if key in high:
-                out[key] = (tp.offset if tp.offset >= 0 else low.get(key, 0), high[key])
-        return out
+        return {key: (offset if offset >= 0 else low.get(key, 0), high[key])
+                for key, offset in committed.items() if key in high}
 
     def stage_lags(self, topology: Topology) -> dict[str, int]:
         """Queue depth of every stage (its group's lag on its inputs), by stage name."""
