@@ -69,7 +69,8 @@ from bench.peers import (
     run_scrapy,
 )
 from bench.polite_peers import scrapy_polite_settings
-from bench.proc_costs import RoleCost
+from bench.proc_costs import PARTS, RoleCost
+from infra import kafka_local
 from sites.demo_site import (
     SHAPES,
     USER_AGENT,
@@ -683,6 +684,13 @@ def crawlfleet_timeline(summary: Mapping[str, Any]) -> str:
     return "; ".join(parts) or "(no timeline in its summary)"
 
 
+def pss_make_up(parts_mb: dict[str, float]) -> str:
+    """A role's peak PSS by what holds it (:data:`bench.proc_costs.PARTS`), as one cell."""
+    if not parts_mb:
+        return "-"
+    return " / ".join(f"{parts_mb.get(part, 0.0):,.0f}" for part in PARTS)
+
+
 def _costs_table(shape: str, run: ShapeRun) -> Table:
     """crawlfleet's processes on one shape: CPU per 1,000 stored pages and peak PSS, by role
     (sampled from /proc; the total row is the exact figure: reaped children + the broker)."""
@@ -692,12 +700,13 @@ def _costs_table(shape: str, run: ShapeRun) -> Table:
     table.add_column("process", no_wrap=True)
     for col in ("processes", "CPU s", "CPU s / 1,000 pages", "share", "peak PSS MB"):
         table.add_column(col, justify="right")
+    table.add_column("of it: chDB lib / code / anon / files MB", justify="right")
     sampled = sum(c.cpu_s for c in run.costs.values()) or 1.0
     for role, c in sorted(run.costs.items(), key=lambda kv: -kv[1].cpu_s):
         table.add_row(role, str(c.processes), f"{c.cpu_s:.2f}",
                       f"{1000 * c.cpu_s / pages:.2f}", f"{c.cpu_s / sampled:.0%}",
                       f"{c.peak_pss_mb:,.0f}" if role != "broker" else
-                      f"({c.peak_pss_mb:,.0f})")
+                      f"({c.peak_pss_mb:,.0f})", pss_make_up(c.pss_parts_mb))
     stages = sum(c.peak_pss_mb for r, c in run.costs.items() if r != "broker")
     if res is not None:
         table.add_row("total (exact)", "", f"{res.cpu_s:.2f}", f"{1000 * res.cpu_s / pages:.2f}",
@@ -817,6 +826,10 @@ def main(argv: list[str] | None = None) -> int:
         "--warmup-pages", type=int, default=2000, help="crawlfleet's uncounted warm-up (0: none)"
     )
     add_crawler_args(parser)
+    parser.add_argument(
+        "--cold", action="store_true",
+        help="stop the local broker before each crawlfleet crawl, so its command starts it "
+        "(the cold figure; with --warmup-pages 0 nothing warms it before)")
     parser.add_argument("--json-out", type=Path, help="also write the results as JSON here")
     parser.add_argument("--log-dir", type=Path, help="crawlfleet's output (default: a temp dir)")
     args = parser.parse_args(argv)
@@ -900,6 +913,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"{s.limited} 429s, {s.big_requests} big-host requests; {s.stopped}"
                     )
                     continue
+                if args.cold and crawler == "crawlfleet":
+                    kafka_local.down()  # the crawl finds no broker and starts its own
                 sink: dict[str, Any] = {}
                 fn = _uncapped_runner(crawler, spec, args, command, output, sink)
                 r = _run_uncapped(shape, crawler, spec, expected, robots, fn, sink)

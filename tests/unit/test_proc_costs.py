@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from bench.proc_costs import ChildCpu, ProcCosts, role_of
+from bench.proc_costs import PARTS, ChildCpu, ProcCosts, part_of, pss_bytes, pss_parts, role_of
 
 BURN = ("import time; t = time.process_time()\n"
         "while time.process_time() - t < 0.3: pass\n"
@@ -63,3 +63,41 @@ def test_crawl_timeline_splits_the_time_outside_crawling() -> None:
     assert "first fetch 2.50, drain 0.25, teardown 0.75" in line
     assert "12/30/61 ms over 2996 links" in line
     assert crawlfleet_timeline({}) == "(no timeline in its summary)"
+
+
+def test_mapping_paths_count_as_their_part() -> None:
+    so = "/venv/lib/python3.11/site-packages/chdb/_chdb.abi3.so"
+    assert part_of(so) == "chdb"
+    assert part_of("/venv/lib/python3.11/site-packages/confluent_kafka.libs/librdkafka.so.1") \
+        == "code"
+    assert part_of("/usr/bin/python3.11") == "code"
+    assert part_of("/usr/lib/jvm/java-17/bin/java") == "code"
+    for anon in ("", "[heap]", "[stack]", "[anon:glibc]", "/memfd:jit (deleted)"):
+        assert part_of(anon) == "anon", anon
+    assert part_of("/data/rocksdb/000012.sst") == "files"
+    assert part_of("/usr/lib/locale/locale-archive") == "files"
+
+
+def test_a_live_process_pss_splits_into_parts_that_add_up() -> None:
+    grow = "x = bytearray(64 << 20)\nx[::4096] = b'y' * len(x[::4096])\n"  # 64 MB touched
+    proc = subprocess.Popen([sys.executable, "-c", grow + "print('ok', flush=True)\n"
+                             "import time; time.sleep(5)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ok"
+        parts = pss_parts(proc.pid)
+        total = pss_bytes(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert set(parts) == set(PARTS)
+    assert parts["anon"] >= 64 << 20  # the bytearray it touched
+    assert parts["code"] > 0 and parts["chdb"] == 0  # an interpreter, no chDB loaded
+    assert abs(sum(parts.values()) - total) <= 0.05 * total
+
+
+def test_a_roles_make_up_is_read_at_its_peak() -> None:
+    costs = ProcCosts()
+    costs.sample([os.getpid()], with_pss=True)
+    me = costs.procs[os.getpid()]
+    assert me.parts_at == me.peak_pss > 0
+    assert costs.by_role()[me.role].pss_parts_mb["code"] > 0
