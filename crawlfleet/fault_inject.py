@@ -31,6 +31,11 @@ from streams.state_store import store_dir
 
 #: A killed broker stays down this long before it is started again.
 BROKER_DOWN_S = 10.0
+#: How long a restarted broker may take to answer before the fault counts as not injected.
+#: A JVM restart on this 2-core machine takes ~10-30 s, but one in a stalled phase of the
+#: VM took 72 s (a full suite, 2026-12-05: multi-second gaps between its log lines), and the
+#: rolling restart gave up on it at 60 s as if the broker had not come back.
+BROKER_START_WAIT_S = 150.0
 #: A frozen broker stays stopped this much longer than the consumers' session timeout, so
 #: every session it coordinates expires and its partitions' leadership moves.
 FREEZE_MARGIN_S = 5.0
@@ -76,7 +81,7 @@ class BrokerKill(FaultThread):
     def inject(self) -> None:
         kafka_local.stop_node(self.node, base_dir=self.home, hard=True)
         self.cancel.wait(BROKER_DOWN_S)
-        kafka_local.start_node(self.node, base_dir=self.home)
+        kafka_local.start_node(self.node, base_dir=self.home, timeout_s=BROKER_START_WAIT_S)
 
 
 class BrokerFreeze(FaultThread):
@@ -106,7 +111,8 @@ class RestartAll(FaultThread):
 
     def inject(self) -> None:
         began = time.monotonic()
-        kafka_local.restart_all(self.home, hard=True, down_s=ALL_DOWN_S)
+        kafka_local.restart_all(self.home, hard=True, down_s=ALL_DOWN_S,
+                                timeout_s=BROKER_START_WAIT_S)
         self.record.detail = f"all brokers back after {time.monotonic() - began:.1f}s"
 
 
@@ -142,7 +148,8 @@ class RollingRestart(FaultThread):
         for node in range(1, self.nodes + 1):
             def bounce(node: int = node) -> None:
                 kafka_local.stop_node(node, base_dir=self.home, hard=False)
-                kafka_local.start_node(node, base_dir=self.home)
+                kafka_local.start_node(node, base_dir=self.home,
+                                       timeout_s=BROKER_START_WAIT_S)
             self._step(f"broker {node}", bounce)
         for wid in sorted(self.workers()):
             def restart(wid: str = wid) -> None:
