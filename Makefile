@@ -12,7 +12,7 @@ QUIET_PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q
 
 .PHONY: sysdeps setup demo test lint bench soak clean-cache
 
-PACKAGES := crawlfleet schemas producers consumers streams infra core sites
+PACKAGES := crawlfleet chaos schemas producers consumers streams infra core sites
 
 # System tools: Java + Maven run the local Kafka.
 sysdeps:

@@ -65,7 +65,7 @@ def _disk_bytes(directory: Path) -> int:
 
 def run_one(impl: str, keys: int, batch: int, seed: int) -> dict[str, Any]:
     """Run one implementation in this process; returns its figures."""
-    from consumers.seen import SeenStore  # imported before the baseline, like the dict
+    from consumers.fetch.seen import SeenStore  # imported before the baseline, like the dict
 
     workdir = Path(tempfile.mkdtemp(prefix="seen-bench-"))
     store = SeenStore(workdir / "w") if impl == "rocksdb" else None

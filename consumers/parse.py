@@ -20,13 +20,13 @@ from consumers.scope import follow
 from core import __version__
 from core.errors import CrawlfleetError, InternalError
 from core.profiles import DIRECT, EGRESS_META
-from core.urls import dedupe_key, target_of
-from producers.lineage import page_key
-from producers.replay import REDIRECT_HOPS, without_replay
+from core.urls import target_of
+from producers.replay import without_replay
+from schemas.keys import REDIRECT_HOPS, dedupe_key, job_key, page_key
 from schemas.records import CrawlJob, EnqueuedLink, FetchEvent, FetchResult, ParsedPage
 from streams.backpressure import FrontierGate
 from streams.batch_stage import BatchStage, NotDueError
-from streams.io import Output, job_key, raw_value, tp_of
+from streams.io import Output, raw_value, tp_of
 
 log = logging.getLogger("crawlfleet.parse")
 

@@ -28,7 +28,7 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
 from consumers import timers
 from core.errors import DecodeError
-from producers.lineage import RELEASED, lineage_event
+from schemas.lineage import RELEASED, lineage_event
 from schemas.records import CrawlJob
 from schemas.topics import HEADER_SCHEMA, RETRY_DELAYS_S
 from streams.batch_stage import BatchStage

@@ -47,8 +47,8 @@ from infra.clickhouse import (
     StoreOwnership,
 )
 from infra.store_query import QueryServer
-from producers.lineage import ENQUEUED
 from schemas.codec import default_codec
+from schemas.lineage import ENQUEUED
 from schemas.records import (
     CrawlJob,
     DeadLetter,

@@ -347,18 +347,3 @@ def parse_network(entry: str) -> _IPNet | None:
 def check_address(ip: str, allow_private: bool) -> None:
     """Refuse addresses a public crawler must never reach (SSRF guard)."""
     AddressPolicy(allow_private).check(ip, ip)
-
-
-#: The profile part of an unpinned job's dedupe key (never a profile's name).
-UNPINNED = "*"
-
-
-def dedupe_key(profile: str, canonical_url: str, pinned: bool = True) -> str:
-    """Semantic key of a page fetch, the one rule for every job type.
-
-    Pinned (``profile|URL``): the same page under the same identity is one job, and two
-    identities are two legitimate fetches. Unpinned (``*|URL``): the profile is only where
-    the job starts, so the key leaves it out -- moving the job to another profile (after a
-    block or a quarantine) can never let one URL be fetched successfully and stored twice.
-    """
-    return f"{profile if pinned else UNPINNED}|{canonical_url}"

@@ -188,7 +188,7 @@ def chaos_cmd(pages: Annotated[int | None, typer.Option(
     and wiped local state, each round appended to the results file; exit 1 if one failed.
     """
     if summary:
-        from crawlfleet import soak as soak_mod
+        from chaos import soak as soak_mod
         rounds = soak_mod.read_results(results or soak_mod.RESULTS)
         console.print(soak_mod.summary_table(soak_mod.summarise(rounds)))
         return
@@ -198,9 +198,10 @@ def chaos_cmd(pages: Annotated[int | None, typer.Option(
               kill_every=kill_every, seed=seed, data_dir=data_dir, timeout=timeout,
               faults=faults, faults_per_round=faults_per_round, results=results)
         return
-    from crawlfleet import chaos, chaos_report
+    from chaos import proof
+    from chaos import report as chaos_report
     try:
-        report = chaos.run_chaos(pages=pages or 5000, nodes=nodes or 1,
+        report = proof.run_chaos(pages=pages or 5000, nodes=nodes or 1,
                                  fetch_workers=fetch_workers, parse_workers=parse_workers,
                                  kill_every_s=kill_every, seed=seed, data_dir=data_dir,
                                  timeout_s=timeout, console=err_console,
@@ -221,8 +222,8 @@ def _soak(minutes: float, *, pages: int, hosts: int, nodes: int, rate_cap: float
           fetch_workers: int, parse_workers: int, kill_every: float, seed: int,
           data_dir: Path | None, timeout: float, faults: str, faults_per_round: int,
           results: Path | None) -> None:
-    from crawlfleet import soak as soak_mod
-    from crawlfleet.fault_plan import HEAVY
+    from chaos import soak as soak_mod
+    from chaos.fault_plan import HEAVY
     kinds = tuple(k.strip() for k in faults.split(",") if k.strip()) or HEAVY
     cfg = soak_mod.SoakConfig(
         minutes=minutes, pages=pages, hosts=hosts, nodes=nodes, rate_cap=rate_cap or 2.0,

@@ -18,8 +18,8 @@ from core.config import Settings
 from core.errors import ConfigError
 from infra.store_query import run_query
 from infra.views import parse_duration
-from producers.lineage import page_key
 from producers.replay import ReplayReport, publish_replays, replay_id, replay_job
+from schemas.keys import page_key
 from schemas.records import CrawlJob
 
 LIST_COLUMNS = ("event_id", "failed_at", "reason", "target", "url", "attempts", "worker")

@@ -23,8 +23,9 @@ from typing import Any
 
 from core.config import Settings
 from core.timefmt import iso_utc
-from core.urls import canonicalize, dedupe_key
+from core.urls import canonicalize
 from crawlfleet.dlq import select
+from schemas.keys import dedupe_key
 
 #: Order of events stamped in the same millisecond: a job's life runs this way.
 _RANK = {"enqueued": 0, "duplicate": 1, "parked": 2, "fetched": 3, "retried": 3, "failed": 3,

@@ -29,7 +29,8 @@ from core.errors import ConfigError, CrawlfleetError, InvalidURLError, KafkaStag
 from core.profiles import valid_name
 from core.urls import canonicalize, target_of
 from infra.topics import missing_topics, topology_of
-from producers.lineage import ENQUEUED, lineage_event, page_key
+from schemas.keys import page_key
+from schemas.lineage import ENQUEUED, lineage_event
 from schemas.records import CrawlJob
 from streams.backpressure import FrontierGate
 from streams.io import Encoder, Output, connected_producer, producer_conf

@@ -31,31 +31,16 @@ from core.config import Settings
 from core.errors import KafkaStageError
 from infra.topics import topology_of
 from producers.frontier import produce_patiently
-from producers.lineage import ENQUEUED, lineage_event, page_key
+from schemas.keys import REPLAY_META
+from schemas.lineage import ENQUEUED, lineage_event
 from schemas.records import CrawlJob
 from streams.backpressure import FrontierGate
 from streams.io import Encoder, connected_producer, producer_conf
-
-#: Job meta key of the replay id (reserved, like :data:`REDIRECT_HOPS`).
-REPLAY_META = "replay_id"
-#: Job meta key: redirect hops that led to this job (the max-redirects cap spans jobs).
-REDIRECT_HOPS = "redirect_hops"
 
 
 def replay_id(dead_letter_id: str) -> str:
     """The replay id of a dead letter: stable, so replaying it again is a repeat."""
     return hashlib.sha256(dead_letter_id.encode()).hexdigest()[:16]
-
-
-def job_dedupe_key(job: CrawlJob) -> str:
-    """The key the fetch stage dedupes ``job`` on: the page's (:func:`page_key`, by job
-    type: pinned ``profile|URL``, unpinned ``*|URL``), or the page's + replay id.
-
-    Canonical URLs hold no space, so the suffix can never make another page's key.
-    """
-    key = page_key(job)
-    rid = (job.get("meta") or {}).get(REPLAY_META)
-    return f"{key} replay:{rid}" if rid else key
 
 
 def without_replay(meta: dict[str, str] | None) -> dict[str, str]:

@@ -71,7 +71,7 @@ class TopicDecl:
 
 _BUILTIN: dict[str, StageSpec] = {
     "fetch": StageSpec("fetch", ("crawl.frontier", "crawl.frontier.high"),
-                       "consumers.fetch:FetchStage", followers=("crawl.frontier.high",),
+                       "consumers.fetch.stage:FetchStage", followers=("crawl.frontier.high",),
                        state_topics=("crawl.parked",), label="frontier",
                        stores=("seen", "parked")),
     "parse": StageSpec("parse", ("crawl.fetched",), "consumers.parse:ParseStage",

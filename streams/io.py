@@ -27,6 +27,7 @@ from core import __version__
 from core.config import Settings
 from core.errors import CrawlfleetError, DecodeError, KafkaStageError
 from schemas.codec import Codec, Headers, R, default_codec
+from schemas.keys import job_key
 from schemas.records import Control, CrawlJob, DeadLetter
 from schemas.topics import Topology, partition_for
 
@@ -235,10 +236,6 @@ def offset_of(msg: Message) -> int:
     offset = msg.offset()
     assert offset is not None
     return offset
-
-
-def job_key(target: str, profile: str, url: str) -> bytes:
-    return f"{target}|{profile}|{url}".encode()
 
 
 class Encoder:

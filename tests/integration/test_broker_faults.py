@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from crawlfleet.chaos_cluster import SOAK_BASE_PORT, chaos_cluster
+from chaos.cluster import SOAK_BASE_PORT, chaos_cluster
 from infra import kafka_local
 
 pytestmark = pytest.mark.integration

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from crawlfleet.chaos import run_chaos
-from crawlfleet.chaos_report import ChaosReport, print_report
-from crawlfleet.fault_plan import BROKER_KILL
+from chaos.fault_plan import BROKER_KILL
+from chaos.proof import run_chaos
+from chaos.report import ChaosReport, print_report
 
 #: Kill-phase pages/s ÷ the same fleet's no-kill pages/s, with a generous margin below the
 #: 0.8 that `crawlfleet chaos` is held to on a quiet machine (CI machines are shared).

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from chaos.cluster import pick_base_port
 from core.config import Settings
-from crawlfleet.chaos_cluster import pick_base_port
 from crawlfleet.crawl import Plan, run_crawl
 from infra import kafka_local
 from infra.store_query import run_query

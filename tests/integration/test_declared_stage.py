@@ -12,7 +12,7 @@ from types import ModuleType
 
 import pytest
 
-from crawlfleet.chaos import run_chaos
+from chaos.proof import run_chaos
 from crawlfleet.crawl import Plan
 from schemas.topics import register_stage, stages, unregister_stage
 from tests.integration.test_chaos import _assert_exactly_once, _console

@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 from fleet_helpers import create_all_topics, publish_seeds, query, store_ready, wait_until
 from rich.console import Console
 
-from consumers.parking import park_key
+from consumers.fetch.parking import park_key
 from core.config import Settings
 from crawlfleet.crawl import Fleet, _watch
 from crawlfleet.top import FleetView, render

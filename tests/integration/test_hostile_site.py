@@ -135,8 +135,8 @@ def test_the_connect_audit_refuses_off_loopback_before_connecting(audit: Path) -
     loop and client, with a guard that allows everything), and lets loopback through."""
     code = textwrap.dedent("""
         import asyncio, socket
-        from consumers.fetch import _loop_factory
-        from consumers.http_fetch import Fetcher
+        from consumers.fetch.stage import _loop_factory
+        from consumers.fetch.http import Fetcher
         from core.config import Settings
         from core.errors import CrawlfleetError
         try:

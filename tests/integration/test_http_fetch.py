@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from consumers.http_fetch import Fetcher, Response
+from consumers.fetch.http import Fetcher, Response
 from core.config import Settings, load_settings
 from core.errors import (
     FetchTimeoutError,

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from consumers.http_fetch import Fetcher
-from consumers.resolver import StaticResolver
+from consumers.fetch.http import Fetcher
+from consumers.fetch.resolver import StaticResolver
 from core.config import Settings, load_settings
 from core.errors import CrawlfleetError, ForbiddenAddressError
 

@@ -32,10 +32,10 @@ import trustme
 from aiohttp import web
 from fleet_helpers import Proxy, Workers, create_all_topics, publish_seeds, wait_until
 
-from consumers.classify import Signal
-from consumers.http_fetch import Fetcher, Identity
-from consumers.identities import Identities
-from consumers.resolver import StaticResolver
+from consumers.fetch.classify import Signal
+from consumers.fetch.http import Fetcher, Identity
+from consumers.fetch.identities import Identities
+from consumers.fetch.resolver import StaticResolver
 from core.config import Settings
 from core.errors import CrawlfleetError, ForbiddenAddressError
 from sites.loop_site import LoopSite

@@ -19,15 +19,15 @@ import pytest
 from confluent_kafka import Producer
 from rich.console import Console
 
+from chaos.broker_trace import broker_lineage, lineage_lines
+from chaos.drain import BrokerState, DrainCheck, broker_state
+from chaos.evidence import keep_evidence
+from chaos.exposure import Bound
+from chaos.loss_check import StoreRows, check
+from chaos.report import ChaosReport
 from core.config import Settings
 from core.urls import canonicalize
-from crawlfleet.broker_trace import broker_lineage, lineage_lines
-from crawlfleet.chaos_report import ChaosReport
 from crawlfleet.crawl import Fleet, Plan
-from crawlfleet.drain import BrokerState, DrainCheck, broker_state
-from crawlfleet.evidence import keep_evidence
-from crawlfleet.exposure import Bound
-from crawlfleet.loss_check import StoreRows, check
 from infra.topics import create_topics, topology_of
 from sites.scripted_site import ScriptedSite, page
 from streams.io import Encoder, Output

@@ -12,7 +12,7 @@ from consumers.parse import ParseStage
 from core.config import Settings
 from infra.topics import topology_of
 from producers.frontier import parse_line
-from producers.lineage import page_key
+from schemas.keys import page_key
 from streams.io import Encoder, producer_conf
 from streams.slow_start import SlowStart
 from streams.worker import StopFlag

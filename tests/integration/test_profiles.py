@@ -17,9 +17,10 @@ from core.urls import canonicalize
 from infra.topics import topology_of
 from producers.frontier import publish
 from schemas.codec import default_codec
+from schemas.keys import job_key
 from schemas.topics import partition_for
 from sites.scripted_site import ScriptedSite, page
-from streams.io import job_key, producer_conf
+from streams.io import producer_conf
 from tests.integration.fleet_helpers import (
     Workers,
     create_all_topics,

@@ -10,7 +10,7 @@ import pytest
 from consumers.parse import link_meta
 from core.config import Settings
 from core.urls import canonicalize
-from producers.replay import REDIRECT_HOPS, REPLAY_META
+from schemas.keys import REDIRECT_HOPS, REPLAY_META
 from sites.scripted_site import ScriptedSite, page, redirect
 from tests.integration.fleet_helpers import (
     Workers,

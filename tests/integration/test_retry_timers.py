@@ -21,8 +21,9 @@ from consumers.timers import due_of
 from core.config import Settings
 from infra.topics import topology_of
 from producers.frontier import parse_line
+from schemas.keys import job_key
 from schemas.topics import Topology, partition_for
-from streams.io import Encoder, job_key, producer_conf
+from streams.io import Encoder, producer_conf
 from streams.worker import StopFlag
 from tests.integration.fleet_helpers import (
     Record,

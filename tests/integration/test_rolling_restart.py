@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from chaos.fault_plan import ROLLING_RESTART, PlannedFault
+from chaos.proof import run_chaos
 from core.config import Settings
-from crawlfleet.chaos import run_chaos
-from crawlfleet.fault_plan import ROLLING_RESTART, PlannedFault
 from tests.integration.fleet_helpers import report
 from tests.integration.test_chaos import _assert_exactly_once, _console
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from consumers.seen import DEAD, DONE, RETRYING, SeenStore
+from consumers.fetch.seen import DEAD, DONE, RETRYING, SeenStore
 from core.config import Settings
-from core.urls import dedupe_key
 from infra.topics import create_topics, topology_of
 from schemas.codec import default_codec
+from schemas.keys import dedupe_key
 from streams.io import Encoder, producer_conf, raw_value
 
 pytestmark = pytest.mark.integration
@@ -173,7 +173,7 @@ _CRASHING_WORKER = textwrap.dedent("""
     from confluent_kafka import Producer
     from streams.io import Encoder, producer_conf
     from infra.topics import topology_of
-    from consumers.seen import SeenStore
+    from consumers.fetch.seen import SeenStore
     from core.config import load_settings
 
     bootstrap, prefix, directory, partition, target = sys.argv[1:6]

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from crawlfleet.chaos_report import print_report
-from crawlfleet.fault_plan import RESTART_ALL, STORE_RESTART, WORKER_KILL
-from crawlfleet.soak import SoakConfig, read_results, run_soak
+from chaos.fault_plan import RESTART_ALL, STORE_RESTART, WORKER_KILL
+from chaos.report import print_report
+from chaos.soak import SoakConfig, read_results, run_soak
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from consumers.fetch import FetchStage, _Session
+from consumers.fetch.stage import FetchStage, _Session
 from core.config import Settings
 
 T = TypeVar("T")

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from consumers.adaptive import ESCALATE_AFTER, MAX_SLOWDOWN, TargetHealth
-from consumers.classify import Signal, backoff
+from consumers.fetch.adaptive import ESCALATE_AFTER, MAX_SLOWDOWN, TargetHealth
+from consumers.fetch.classify import Signal, backoff
 
 
 def test_starts_at_full_rate_and_limit() -> None:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from consumers.resolver import GuardedResolver, StaticResolver
+from consumers.fetch.resolver import GuardedResolver, StaticResolver
 from core.config import load_settings
 from core.errors import ConfigError, ForbiddenAddressError
 from core.urls import AddressPolicy, address_is_public

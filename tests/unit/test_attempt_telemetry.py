@@ -7,15 +7,15 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from consumers.http_fetch import Response
-from consumers.outcomes import OutcomeRules
+from consumers.fetch.http import Response
+from consumers.fetch.outcomes import OutcomeRules
 from consumers.parse import attempt_event
 from consumers.store import event_row, page_event_row
 from core.config import load_settings
-from core.urls import dedupe_key
 from core.versions import FETCHER_VERSION
 from infra.clickhouse import EVENT_COLUMNS
 from infra.topics import topology_of
+from schemas.keys import dedupe_key
 from schemas.records import FetchResult, ParsedPage
 from streams.io import Encoder, Output
 from streams.ledger import Pending

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from crawlfleet.chaos import paced_rate_cap
-from crawlfleet.chaos_audit import requests_between
-from crawlfleet.chaos_report import (
+from chaos.audit import requests_between
+from chaos.drain import BrokerState
+from chaos.exposure import Bound
+from chaos.loss_check import StoreRows, check
+from chaos.proof import paced_rate_cap
+from chaos.report import (
     RETENTION_TARGET,
     ChaosReport,
     Phase,
@@ -14,10 +17,7 @@ from crawlfleet.chaos_report import (
     pages_in_window,
     retention_of,
 )
-from crawlfleet.chaos_run import RESTART_ALLOWANCE_S, exposure_window_s
-from crawlfleet.drain import BrokerState
-from crawlfleet.exposure import Bound
-from crawlfleet.loss_check import StoreRows, check
+from chaos.round import RESTART_ALLOWANCE_S, exposure_window_s
 
 
 def _phase(pages_per_s: float) -> Phase:

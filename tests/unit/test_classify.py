@@ -7,7 +7,7 @@ from itertools import pairwise
 
 import pytest
 
-from consumers.classify import (
+from consumers.fetch.classify import (
     BASE_BACKOFF_S,
     MAX_BACKOFF_S,
     Signal,

@@ -3,7 +3,7 @@ the crawl waits on its results, and in growing bursts after a quiet spell."""
 
 from __future__ import annotations
 
-from consumers.fetch import _STARVED_COMMIT_S, commit_due
+from consumers.fetch.stage import _STARVED_COMMIT_S, commit_due
 
 INTERVAL = 1.0
 NO_BURST = 10_000

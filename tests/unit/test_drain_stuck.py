@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from chaos.drain import SILENT_S, silent_workers, stuck_workers, unsettled_gauges
+from chaos.evidence import log_tail, stack_dump, stuck_notes
 from crawlfleet.crawl import IDLE_S
-from crawlfleet.drain import SILENT_S, silent_workers, stuck_workers, unsettled_gauges
-from crawlfleet.evidence import log_tail, stack_dump, stuck_notes
 
 NOW = 1_000_000.0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from crawlfleet.exposure import REBALANCES_PER_FETCH_KILL, Exposure, repeats_by_fault
+from chaos.exposure import REBALANCES_PER_FETCH_KILL, Exposure, repeats_by_fault
 
 
 def _status(worker: str, *, pid: int = 1, wall: float = 100.0, inflight: int = 0,

@@ -12,7 +12,7 @@ from aiohttp import http_exceptions as hx
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from consumers.classify import classify_exception
+from consumers.fetch.classify import classify_exception
 from core.errors import (
     CrawlfleetError,
     DecompressionBombError,

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from crawlfleet.fault_plan import (
+from chaos.fault_plan import (
     BROKER_FREEZE,
     BROKER_KILL,
     HEAVY,

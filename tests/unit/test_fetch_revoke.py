@@ -16,7 +16,7 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from consumers.fetch import FetchStage, _Session
+from consumers.fetch.stage import FetchStage, _Session
 from core.config import Settings
 from streams.committer import TxnAbortedError
 from streams.control import ControlState

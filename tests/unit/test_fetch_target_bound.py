@@ -14,12 +14,12 @@ from typing import Any, TypeVar
 
 import pytest
 
-from consumers import target_policy
-from consumers.classify import Signal
-from consumers.fetch import _Session
-from consumers.outcomes import Result
-from consumers.robots import UNREACHABLE_RETRY_S
-from consumers.seen import DONE
+from consumers.fetch import target_policy
+from consumers.fetch.classify import Signal
+from consumers.fetch.outcomes import Result
+from consumers.fetch.robots import UNREACHABLE_RETRY_S
+from consumers.fetch.seen import DONE
+from consumers.fetch.stage import _Session
 from tests.unit.fetch_session import run_session
 from tests.unit.test_target_memory import RobotsFetcher
 

@@ -325,7 +325,7 @@ def test_a_decoded_record_becomes_a_row_or_a_decode_error(page: dict[str, object
                 max_size=6))
 def test_any_robots_answer_gives_rules_with_a_finite_interval(
         status: int | None, body: bytes, keys: list[str], values: list[str]) -> None:
-    from consumers.robots import rules_from_response
+    from consumers.fetch.robots import rules_from_response
     text = "\n".join(k + v for k, v in zip(keys, values, strict=False)).encode()
     rules = rules_from_response(status, b"User-agent: *\n" + text + b"\n" + body, "crawlfleet")
     assert 0.0 <= rules.min_interval_s < float("inf")

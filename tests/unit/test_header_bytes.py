@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from consumers import http_fetch
-from consumers.http_fetch import Fetcher, Response
+from consumers.fetch import http as http_fetch
+from consumers.fetch.http import Fetcher, Response
 from core.config import Settings
 from core.urls import resolve_link
 from schemas.codec import default_codec

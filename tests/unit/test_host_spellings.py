@@ -17,11 +17,11 @@ from core.urls import (
     AddressPolicy,
     address_is_public,
     canonicalize,
-    dedupe_key,
     ends_in_number,
     host_of,
     target_of,
 )
+from schemas.keys import dedupe_key
 
 CORPUS = Path(__file__).with_name("data") / "canonical_corpus.jsonl"
 SPELLINGS = ("2130706433", "127.1", "0177.0.0.1", "127.000.000.001", "127.0.0.1.", "0x7f.1",

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from consumers.classify import Signal
-from consumers.fetch import _Session
+from consumers.fetch.classify import Signal
+from consumers.fetch.stage import _Session
 from core.errors import CrawlfleetError
 from core.profiles import EGRESS_META
 from schemas.codec import default_codec

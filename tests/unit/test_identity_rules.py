@@ -1,6 +1,6 @@
 """Identities: placement, egress choice and health, cookie jars' lifecycle, bounds.
 
-Pure logic (consumers.identities), plus the per-target policy and the dispatcher's
+Pure logic (consumers.fetch.identities), plus the per-target policy and the dispatcher's
 revocation path that own it; no broker, no network.
 """
 
@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from yarl import URL
 
-from consumers.classify import Signal
-from consumers.identities import EgressHealth, Identities
-from consumers.robots_cache import RobotsCache
-from consumers.scheduler import TargetScheduler
-from consumers.target_policy import TargetPolicy
+from consumers.fetch.classify import Signal
+from consumers.fetch.identities import EgressHealth, Identities
+from consumers.fetch.robots_cache import RobotsCache
+from consumers.fetch.scheduler import TargetScheduler
+from consumers.fetch.target_policy import TargetPolicy
 from core.config import Settings
 from core.profiles import Egress, Profile
 from streams.control import Quarantine

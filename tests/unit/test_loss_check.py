@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from crawlfleet.loss_check import StoreRows, check
+from chaos.loss_check import StoreRows, check
 
 A, B, C, D, E = (f"http://127.0.0.2:1/{x}.html" for x in "abcde")
 ROBOTS = "http://127.0.0.2:1/nofollow/1.html"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from consumers.pacer import Pacer
+from consumers.fetch.pacer import Pacer
 
 
 def _dispatches(p: Pacer, seconds: float, step: float = 0.001) -> list[float]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from consumers.parking import ParkedQueues, park_key, share_of, target_of_key
+from consumers.fetch.parking import ParkedQueues, park_key, share_of, target_of_key
 from schemas.topics import partition_for
 from streams.state_store import StateStore
 

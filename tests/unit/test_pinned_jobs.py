@@ -8,18 +8,17 @@ from typing import Any
 
 import pytest
 
-from consumers.http_fetch import Response
-from consumers.outcomes import OutcomeRules
+from consumers.fetch.http import Response
+from consumers.fetch.outcomes import OutcomeRules
 from consumers.parse import link_job
 from core.config import load_settings
 from core.errors import InvalidURLError
 from core.profiles import parse_profiles, valid_name
-from core.urls import dedupe_key
 from infra.topics import topology_of
 from producers.frontier import PublishReport, jobs_from_lines, parse_line
-from producers.lineage import page_key
-from producers.replay import job_dedupe_key, replay_id, replay_job
+from producers.replay import replay_id, replay_job
 from schemas.codec import default_codec
+from schemas.keys import dedupe_key, job_dedupe_key, page_key
 from streams.io import Encoder
 from streams.ledger import Pending
 from tests.unit import test_schema_compat

@@ -7,12 +7,11 @@ from typing import Any
 
 import pytest
 
-from consumers.http_fetch import Response
-from consumers.outcomes import OutcomeRules
+from consumers.fetch.http import Response
+from consumers.fetch.outcomes import OutcomeRules
 from core.config import load_settings
-from core.urls import dedupe_key
 from infra.topics import topology_of
-from producers.replay import REDIRECT_HOPS, REPLAY_META
+from schemas.keys import REDIRECT_HOPS, REPLAY_META, dedupe_key
 from streams.io import Encoder, Output
 from streams.ledger import Pending
 

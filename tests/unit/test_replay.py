@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from core.errors import ConfigError
-from core.urls import dedupe_key
 from crawlfleet.dlq import Filters, bind, parse_duration, plan_replay, sql_string
-from producers.replay import REPLAY_META, job_dedupe_key, replay_id, replay_job, without_replay
+from producers.replay import replay_id, replay_job, without_replay
+from schemas.keys import REPLAY_META, dedupe_key, job_dedupe_key
 from streams.ledger import Ledger, Pending
 
 TP = ("crawl.frontier", 0)

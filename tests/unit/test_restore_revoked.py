@@ -11,7 +11,7 @@ from pathlib import Path
 
 from confluent_kafka import TopicPartition
 
-from consumers.seen import SeenStore
+from consumers.fetch.seen import SeenStore
 from streams.state_store import StateStore
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.robots import MAX_ROBOTS_BYTES, refused_rules, rules_from_response
+from consumers.fetch.robots import MAX_ROBOTS_BYTES, refused_rules, rules_from_response
 
 AGENT = "crawlfleet"
 SITE = "https://example.com"

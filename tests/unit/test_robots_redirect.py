@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from consumers.http_fetch import Fetcher
-from consumers.robots_cache import RobotsCache
+from consumers.fetch.http import Fetcher
+from consumers.fetch.robots_cache import RobotsCache
 from core import errors
 from core.config import Settings
 from core.errors import ForbiddenAddressError

@@ -8,7 +8,7 @@ from itertools import pairwise
 
 import pytest
 
-from consumers.scheduler import HIGH, TargetScheduler
+from consumers.fetch.scheduler import HIGH, TargetScheduler
 
 EPS = 1e-9
 

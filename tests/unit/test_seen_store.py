@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
 
-from consumers.seen import (
+from consumers.fetch.seen import (
     DEAD,
     DONE,
     RETRYING,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from crawlfleet.fault_plan import FAULT_KINDS
-from crawlfleet.soak import (
+from chaos.fault_plan import FAULT_KINDS
+from chaos.soak import (
     TARGET_MINUTES,
     append_result,
     fault_counts,

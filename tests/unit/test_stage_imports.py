@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_stage_processes_start_without_aiokafka() -> None:
     code = textwrap.dedent("""
         import sys
-        import crawlfleet.worker_main, consumers.fetch, consumers.parse, consumers.retry
+        import crawlfleet.worker_main, consumers.fetch.stage, consumers.parse, consumers.retry
         import consumers.store
         before = "aiokafka" in sys.modules
         from streams.group_leave import _leave_request

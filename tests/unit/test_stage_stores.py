@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from chaos.fault_plan import stateful_stages
+from chaos.faults import state_dirs
 from core.config import load_settings
-from crawlfleet.fault_inject import state_dirs
-from crawlfleet.fault_plan import stateful_stages
 from schemas.topics import StageSpec, register_stage, unregister_stage
 from streams.state_store import store_dir
 

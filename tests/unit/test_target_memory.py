@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from consumers.robots_cache import RobotsCache
-from consumers.scheduler import TargetScheduler
+from consumers.fetch.robots_cache import RobotsCache
+from consumers.fetch.scheduler import TargetScheduler
 
 
 def _run(sched: TargetScheduler[str], target: str, now: float) -> None:

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from consumers.classify import Signal
-from consumers.robots_cache import RobotsCache
-from consumers.scheduler import TargetScheduler
-from consumers.target_policy import TargetPolicy
+from consumers.fetch.classify import Signal
+from consumers.fetch.robots_cache import RobotsCache
+from consumers.fetch.scheduler import TargetScheduler
+from consumers.fetch.target_policy import TargetPolicy
 from core.config import Settings
 
 EPS = 1e-9

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from consumers.adaptive import TargetHealth
-from consumers.classify import Signal
-from consumers.robots_cache import RobotsCache
-from consumers.scheduler import TargetScheduler
-from consumers.target_policy import TargetPolicy
-from consumers.target_slot import WINDOW_WAIT_CAP_S, SlotLimits, TargetSlot
+from consumers.fetch.adaptive import TargetHealth
+from consumers.fetch.classify import Signal
+from consumers.fetch.robots_cache import RobotsCache
+from consumers.fetch.scheduler import TargetScheduler
+from consumers.fetch.target_policy import TargetPolicy
+from consumers.fetch.target_slot import WINDOW_WAIT_CAP_S, SlotLimits, TargetSlot
 from core.config import Settings
 from core.windows import parse_windows
 

@@ -15,12 +15,12 @@ from core.urls import (
     _canonicalize,
     canonicalize,
     check_address,
-    dedupe_key,
     host_of,
     origin_of,
     resolve_link,
     target_of,
 )
+from schemas.keys import dedupe_key
 
 # --- canonicalize -------------------------------------------------------------------------
 

@@ -2,18 +2,18 @@
 
 ``run_chaos`` starts its own Kafka (1 node, or 3 with one hard-killed and restarted
 mid-crawl), serves the generated bench site on loopback and runs one chaos round
-(:mod:`crawlfleet.chaos_run`): every stage as its own process, a worker killed every
+(:mod:`chaos.round`): every stage as its own process, a worker killed every
 ``kill_every_s`` seconds (seeded schedule) and restarted under its own id. When the crawl is
 nearly done it stops killing, waits until the pipeline is drained (by the broker too: no
 live parked or timer entry), and audits the result with the independent checker
-(:mod:`crawlfleet.loss_check`):
+(:mod:`chaos.loss_check`):
 
 * ``lost``: reachable URLs (from the site generator) neither stored nor dead-lettered;
 * duplicates: rows beyond one per URL in FINAL, plus committed repeats in the raw
   ``crawl.parsed`` topic read ``read_committed`` (a dedupe key that appears twice there is a
   result downstream would have seen twice);
 * over-apply: page requests beyond need, from the site's own log, against the bound the
-  faults justify (:mod:`crawlfleet.exposure`).
+  faults justify (:mod:`chaos.exposure`).
 
 It also measures what the churn costs in pace (issue 11, "measured, not assumed"). Unless
 ``baseline=False``, the same fleet crawls a fresh instance of the same site shape a second
@@ -24,7 +24,7 @@ pages/s against :data:`RETENTION_TARGET`, and the drain time from the last kill.
 run goes first, on a fresh broker: whatever a cold JVM costs falls on it, so the order can
 only understate retention, never flatter it.
 
-``crawlfleet chaos --soak MINUTES`` loops rounds of many fault kinds: :mod:`crawlfleet.soak`.
+``crawlfleet chaos --soak MINUTES`` loops rounds of many fault kinds: :mod:`chaos.soak`.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from pathlib import Path
 
 from rich.console import Console
 
+from chaos.cluster import BASE_PORT, chaos_cluster
+from chaos.fault_plan import BROKER_KILL, PlannedFault
+from chaos.report import ChaosReport
+from chaos.round import ChaosRound, RoundSpec, baseline_of, round_settings
 from core.errors import InfraError
-from crawlfleet.chaos_cluster import BASE_PORT, chaos_cluster
-from crawlfleet.chaos_report import ChaosReport
-from crawlfleet.chaos_run import ChaosRound, RoundSpec, baseline_of, round_settings
-from crawlfleet.fault_plan import BROKER_KILL, PlannedFault
 from sites.demo_site import DemoSite, bench_spec, free_port
 
 SITE_HOSTS = 8

@@ -3,7 +3,7 @@ kill phase's pace, and the site's request log on a clock.
 
 The site's log stamps each request with this process's monotonic clock (the server runs in
 it), which is how repeats are lined up with the faults before them and how the requests a
-worker may have sent after its last status are counted (:mod:`crawlfleet.exposure`).
+worker may have sent after its last status are counted (:mod:`chaos.exposure`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import contextlib
 import socket
 import time
 
+from chaos.report import Kill, Phase, kill_window, pages_in_window
 from core.config import Settings
 from core.errors import InfraError
-from crawlfleet.chaos_report import Kill, Phase, kill_window, pages_in_window
 from infra.clickhouse import PORT_FILE
 from infra.store_query import run_query
 from sites.demo_site import DemoSite, canonical_url

@@ -6,7 +6,7 @@ Crawl-delay / Request-rate floor, its adaptive health (:class:`TargetHealth`, ma
 the target degrades), its rest and its crawl windows. Its decisions (interval, in-flight
 limit, memory share, what to park or shed, how long a signal rests it, how long its window
 keeps it waiting) take every time and cap as an argument, so each is testable alone.
-:class:`consumers.target_policy.TargetPolicy` keeps the slots, bounds them and wires the
+:class:`consumers.fetch.target_policy.TargetPolicy` keeps the slots, bounds them and wires the
 decisions to the scheduler.
 
 A worker may hold 10,000 targets: a slot has ``__slots__`` (no instance dict) and exists
@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from consumers.adaptive import TargetHealth
-from consumers.classify import Signal
-from consumers.parking import share_of
+from consumers.fetch.adaptive import TargetHealth
+from consumers.fetch.classify import Signal
+from consumers.fetch.parking import share_of
 from core.config import Settings
 from core.windows import CrawlWindow, seconds_until_open
 

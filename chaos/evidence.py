@@ -27,10 +27,10 @@ from pathlib import Path
 
 from rich.console import Console
 
+from chaos.broker_trace import broker_lineage, lineage_lines
+from chaos.report import ChaosReport, report_dict, report_text
 from core.config import Settings
 from core.errors import CrawlfleetError
-from crawlfleet.broker_trace import broker_lineage, lineage_lines
-from crawlfleet.chaos_report import ChaosReport, report_dict, report_text
 from crawlfleet.trace import trace
 from schemas.topics import Topology
 

@@ -1,6 +1,6 @@
 """What a chaos round found: the records of its faults, its verdict, its pace, as text.
 
-The verdict is the independent checker's (:mod:`crawlfleet.loss_check`: the site's log,
+The verdict is the independent checker's (:mod:`chaos.loss_check`: the site's log,
 the store's rows, the generator's reachable set), plus committed repeats in the raw
 ``crawl.parsed`` topic and the broker's live parked/timer entries at the end. The pace
 figures (issue 11) compare the kill phase (first kill → last kill) with the same fleet's
@@ -20,10 +20,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from crawlfleet.drain import BrokerState
-from crawlfleet.exposure import Bound
-from crawlfleet.fault_plan import WORKER_KILL
-from crawlfleet.loss_check import LossVerdict, verdict_lines
+from chaos.drain import BrokerState
+from chaos.exposure import Bound
+from chaos.fault_plan import WORKER_KILL
+from chaos.loss_check import LossVerdict, verdict_lines
 
 #: Kill-phase pages/s ÷ the no-kill rate the fleet must keep (issue 11).
 RETENTION_TARGET = 0.8

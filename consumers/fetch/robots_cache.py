@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable
 
 import aiohttp
 
-from consumers.http_fetch import Fetcher, Identity
-from consumers.robots import (
+from consumers.fetch.http import Fetcher, Identity
+from consumers.fetch.robots import (
     MAX_ROBOTS_BYTES,
     UNREACHABLE_RETRY_S,
     RobotsRules,

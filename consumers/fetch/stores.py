@@ -12,8 +12,8 @@ from typing import Any
 
 from confluent_kafka import Message, TopicPartition
 
-from consumers.parking import ParkedQueues, encode_job
-from consumers.seen import SeenStore
+from consumers.fetch.parking import ParkedQueues, encode_job
+from consumers.fetch.seen import SeenStore
 from core.config import Settings
 from core.errors import DecodeError
 from schemas.topics import Topology

@@ -3,10 +3,10 @@
 Every round crawls a fresh site on fresh topics (one cluster serves the whole soak) while
 workers are killed -9 (every stage, the store included) and two heavy faults hit it, dealt
 least-hit first over what the results file already counts on this commit
-(:mod:`crawlfleet.fault_plan`): a broker killed -9, a broker SIGSTOPped past the session
+(:mod:`chaos.fault_plan`): a broker killed -9, a broker SIGSTOPped past the session
 timeout and then SIGCONTed, every broker restarted at once, the store worker restarted while
 readers query it, a fetch or retry worker restarted with its local state wiped. The
-independent checker judges each round (:mod:`crawlfleet.loss_check`); the soak stops at the
+independent checker judges each round (:mod:`chaos.loss_check`); the soak stops at the
 first round that loses, duplicates or fails to drain anything, or exceeds its over-apply
 bound, and leaves that round's folder as the evidence (report, lineage of lost URLs, worker
 and broker logs). A passing round's folder is deleted.
@@ -34,13 +34,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from chaos.cluster import SOAK_BASE_PORT, chaos_cluster
+from chaos.fault_plan import FAULT_KINDS, HEAVY, plan_round, usable_kinds
+from chaos.proof import crawl_round
+from chaos.report import ChaosReport, print_report
+from chaos.round import RoundError, RoundSpec
 from core.config import Settings
 from core.errors import ConfigError, InfraError
-from crawlfleet.chaos import crawl_round
-from crawlfleet.chaos_cluster import SOAK_BASE_PORT, chaos_cluster
-from crawlfleet.chaos_report import ChaosReport, print_report
-from crawlfleet.chaos_run import RoundError, RoundSpec
-from crawlfleet.fault_plan import FAULT_KINDS, HEAVY, plan_round, usable_kinds
 from infra.topics import delete_topics
 
 REPO = Path(__file__).resolve().parents[1]

@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from consumers.adaptive import TargetHealth
-from consumers.classify import Signal
-from consumers.identities import Identities
-from consumers.robots_cache import RobotsCache
-from consumers.scheduler import TargetScheduler
-from consumers.target_slot import WINDOW_WAIT_CAP_S as WINDOW_WAIT_CAP_S
-from consumers.target_slot import SlotLimits, TargetSlot
+from consumers.fetch.adaptive import TargetHealth
+from consumers.fetch.classify import Signal
+from consumers.fetch.identities import Identities
+from consumers.fetch.robots_cache import RobotsCache
+from consumers.fetch.scheduler import TargetScheduler
+from consumers.fetch.target_slot import WINDOW_WAIT_CAP_S as WINDOW_WAIT_CAP_S
+from consumers.fetch.target_slot import SlotLimits, TargetSlot
 from core.config import Settings
 from core.windows import parse_windows
 

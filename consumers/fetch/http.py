@@ -8,7 +8,7 @@ here (RFC 9309 §2.3.1.2), each hop re-checked: a hop the address policy refuses
 address passes the address policy where the connection is made (:class:`GuardedResolver`);
 bodies are streamed and capped after decompression; every request has a total timeout
 (aiohttp can otherwise wait forever on a malformed chunked body); every exception maps to a
-failure class in one place (:func:`consumers.classify.classify_exception`). Header bytes
+failure class in one place (:func:`consumers.fetch.classify.classify_exception`). Header bytes
 that are not UTF-8 never reach a record as lone surrogates (:func:`header_text`,
 :func:`location_text`).
 
@@ -36,8 +36,8 @@ import aiohttp
 from aiohttp.abc import AbstractResolver
 from yarl import URL
 
-from consumers.classify import classify_exception
-from consumers.resolver import GuardedResolver
+from consumers.fetch.classify import classify_exception
+from consumers.fetch.resolver import GuardedResolver
 from core.config import Settings
 from core.errors import (
     ConfigError,
@@ -117,7 +117,7 @@ class Fetcher:
     """One aiohttp session per worker; safe for hundreds of concurrent requests.
 
     ``resolver`` replaces the system resolver under the address guard (tests use a
-    :class:`consumers.resolver.StaticResolver` to play a rebinding DNS server).
+    :class:`consumers.fetch.resolver.StaticResolver` to play a rebinding DNS server).
     """
 
     def __init__(self, settings: Settings, resolver: AbstractResolver | None = None) -> None:

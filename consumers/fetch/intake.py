@@ -18,18 +18,18 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message
 
-from consumers.outcomes import OutcomeRules
-from consumers.parking import ParkedQueues, park_key
-from consumers.scheduler import TargetScheduler
+from consumers.fetch.outcomes import OutcomeRules
+from consumers.fetch.parking import ParkedQueues, park_key
+from consumers.fetch.scheduler import TargetScheduler
+from consumers.fetch.seen import SeenStore
+from consumers.fetch.target_policy import TargetPolicy
 from consumers.scope import OUT_OF_SCOPE, REROUTE, recheck
-from consumers.seen import SeenStore
-from consumers.target_policy import TargetPolicy
 from core.config import Settings
 from core.errors import DecodeError, InvalidURLError
 from core.profiles import unknown_profile
 from core.urls import canonicalize, target_of
-from producers.lineage import DUPLICATE, PARKED, lineage_event
-from producers.replay import job_dedupe_key
+from schemas.keys import job_dedupe_key
+from schemas.lineage import DUPLICATE, PARKED, lineage_event
 from schemas.records import CrawlJob
 from schemas.topics import Topology, partition_for
 from streams.control import backlog_key

@@ -3,7 +3,7 @@
 Ready jobs are started within the worker's in-flight limit and the fleet-wide pace; a job
 outside its target's crawl window waits, one known to be disallowed by robots.txt is
 dead-lettered without spending the target's slot. Each job is placed on a profile and an
-egress (:class:`consumers.identities.Identities`) as it goes; one with no eligible profile
+egress (:class:`consumers.fetch.identities.Identities`) as it goes; one with no eligible profile
 or egress waits (its slot given back, never dropped) and is queued again when the control
 state changes or every ``WAIT_RECHECK_S``. A target-scoped quarantine holds the target like
 a pause. One job asks robots.txt first (through the cache, with its profile's User-Agent),
@@ -21,17 +21,17 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from consumers.classify import Signal
-from consumers.fetch_intake import Intake
-from consumers.http_fetch import Fetcher, Identity
-from consumers.identities import WAIT_RECHECK_S, Identities
-from consumers.outcomes import OutcomeRules, Result
-from consumers.pacer import Pacer
-from consumers.parking import ParkedQueues
-from consumers.robots import UNREACHABLE_RETRY_S
-from consumers.robots_cache import RobotsCache
-from consumers.scheduler import TargetScheduler
-from consumers.target_policy import TargetPolicy
+from consumers.fetch.classify import Signal
+from consumers.fetch.http import Fetcher, Identity
+from consumers.fetch.identities import WAIT_RECHECK_S, Identities
+from consumers.fetch.intake import Intake
+from consumers.fetch.outcomes import OutcomeRules, Result
+from consumers.fetch.pacer import Pacer
+from consumers.fetch.parking import ParkedQueues
+from consumers.fetch.robots import UNREACHABLE_RETRY_S
+from consumers.fetch.robots_cache import RobotsCache
+from consumers.fetch.scheduler import TargetScheduler
+from consumers.fetch.target_policy import TargetPolicy
 from core.config import Settings
 from core.errors import CrawlfleetError, RobotsDisallowedError
 from core.profiles import EGRESS_META, unknown_profile

@@ -5,16 +5,16 @@ restarts a dead one under its own worker id), waits until every group is stable,
 the seeds, and then, while the crawl runs:
 
 * every ``kill_every_s`` (x 0.75..1.25) kills a worker with SIGKILL, the stages in a
-  shuffled cycle (:class:`crawlfleet.fault_plan.StageCycle`), until
+  shuffled cycle (:class:`chaos.fault_plan.StageCycle`), until
   :data:`KILL_UNTIL_PROGRESS` of the pages were requested (or ``kill_for_s``);
-* fires its heavy faults (:mod:`crawlfleet.fault_inject`) one at a time, each once its share
+* fires its heavy faults (:mod:`chaos.faults`) one at a time, each once its share
   of the pages has been requested;
-* samples every worker's status for the over-apply bound (:mod:`crawlfleet.exposure`).
+* samples every worker's status for the over-apply bound (:mod:`chaos.exposure`).
 
-Then it waits until the pipeline is drained, by the broker too (:mod:`crawlfleet.drain`),
-and audits the store with the independent checker (:mod:`crawlfleet.loss_check`; the pace
-and the site log's timings: :mod:`crawlfleet.chaos_audit`). A round that fails keeps its
-evidence in its folder (:mod:`crawlfleet.evidence`).
+Then it waits until the pipeline is drained, by the broker too (:mod:`chaos.drain`),
+and audits the store with the independent checker (:mod:`chaos.loss_check`; the pace
+and the site log's timings: :mod:`chaos.audit`). A round that fails keeps its
+evidence in its folder (:mod:`chaos.evidence`).
 
 ``chaos=False`` is the no-kill baseline: the same schedule is drawn at the same moments
 and nobody is killed, so its kill phase is the same span of the same crawl.
@@ -32,32 +32,18 @@ from pathlib import Path
 
 from rich.console import Console
 
-from core.config import Settings
-from core.errors import CrawlfleetError, InfraError
-from crawlfleet.broker_trace import committed_repeats
-from crawlfleet.chaos_audit import (
+from chaos.audit import (
     kill_phase,
     peak_host_rate,
     requests_between,
     timed_page_requests,
     wait_for_store,
 )
-from crawlfleet.chaos_report import ChaosReport, FaultRecord, Kill
-from crawlfleet.crawl import wait_ready
-from crawlfleet.drain import DrainCheck, broker_state
-from crawlfleet.evidence import keep_evidence, stuck_notes
-from crawlfleet.exposure import Exposure, repeats_by_fault
-from crawlfleet.fault_inject import (
-    FREEZE_MARGIN_S,
-    BrokerFreeze,
-    BrokerKill,
-    FaultThread,
-    RestartAll,
-    RollingRestart,
-    StoreRestart,
-    wipe_state,
-)
-from crawlfleet.fault_plan import (
+from chaos.broker_trace import committed_repeats
+from chaos.drain import DrainCheck, broker_state
+from chaos.evidence import keep_evidence, stuck_notes
+from chaos.exposure import Exposure, repeats_by_fault
+from chaos.fault_plan import (
     BROKER_FREEZE,
     BROKER_KILL,
     RESTART_ALL,
@@ -69,8 +55,22 @@ from crawlfleet.fault_plan import (
     StageCycle,
     stateful_stages,
 )
+from chaos.faults import (
+    FREEZE_MARGIN_S,
+    BrokerFreeze,
+    BrokerKill,
+    FaultThread,
+    RestartAll,
+    RollingRestart,
+    StoreRestart,
+    wipe_state,
+)
+from chaos.loss_check import check_run
+from chaos.report import ChaosReport, FaultRecord, Kill
+from core.config import Settings
+from core.errors import CrawlfleetError, InfraError
+from crawlfleet.crawl import wait_ready
 from crawlfleet.fleet import Fleet, Plan
-from crawlfleet.loss_check import check_run
 from infra.topics import create_topics, topology_of
 from producers.frontier import PublishReport, jobs_from_lines, publish
 from schemas.topics import declared_modules, declared_topics

@@ -20,11 +20,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from chaos.fault_plan import ROLLING_RESTART, STATE_WIPE, STORE_RESTART
+from chaos.report import FaultRecord
 from core.config import Settings
 from core.errors import CrawlfleetError
-from crawlfleet.chaos_report import FaultRecord
 from crawlfleet.crawl import settings_env
-from crawlfleet.fault_plan import ROLLING_RESTART, STATE_WIPE, STORE_RESTART
 from infra import kafka_local
 from schemas.topics import stage_spec
 from streams.state_store import store_dir

@@ -6,31 +6,40 @@ frontier (a seed, a link, a redirect's target, a replay, a retry released by its
 suppressed as a duplicate, and a job parked on disk. Each of those is one small record keyed
 like the job and partitioned by its target, produced in the transaction (or with the
 publish) that does it, so it exists exactly when that step happened.
+
+The record is built here, beside its keys; the encoder that turns it into an output is the
+caller's (the stream runtime's ``Encoder``), so this module imports nothing above schemas.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from core import __version__
-from core.urls import dedupe_key
+from schemas.keys import job_key, page_key
 from schemas.records import CrawlJob, LineageEvent
-from streams.io import Encoder, Output, job_key
+from schemas.topics import Topology
 
 ENQUEUED, DUPLICATE, PARKED, RELEASED = "enqueued", "duplicate", "parked", "released"
 
-
-def page_key(job: Mapping[str, Any]) -> str:
-    """The page's dedupe key of ``job`` by its type (:func:`core.urls.dedupe_key`): pinned
-    ``profile|URL``, unpinned ``*|URL``. A job without ``pinned`` (parked on disk or stored
-    as JSON before schema v3) was pinned in effect: its key was always ``profile|URL``."""
-    return dedupe_key(job["profile"], job["url"], bool(job.get("pinned", True)))
+T_co = TypeVar("T_co", covariant=True)
 
 
-def lineage_event(enc: Encoder, job: CrawlJob, state: str, stage: str,
-                  detail: str = "", parent_url: str | None = None) -> Output:
+class RecordEncoder(Protocol[T_co]):
+    """What lineage needs of an encoder: its worker, its topology, and keyed records."""
+
+    @property
+    def worker(self) -> str: ...
+
+    @property
+    def topology(self) -> Topology: ...
+
+    def record(self, topic: str, target: str, key: bytes, value: Any) -> T_co: ...
+
+
+def lineage_event(enc: RecordEncoder[T_co], job: CrawlJob, state: str, stage: str,
+                  detail: str = "", parent_url: str | None = None) -> T_co:
     """The lineage record of ``job`` reaching ``state`` in ``stage``."""
     event: LineageEvent = {
         "dedupe_key": page_key(job), "url": job["url"],

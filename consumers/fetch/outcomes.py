@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import cast
 
 from consumers.attempts import AttemptFields, VersionFields, fetch_event
-from consumers.classify import Signal, Verdict, classify_status
-from consumers.http_fetch import REDIRECT_STATUSES, Response
+from consumers.fetch.classify import Signal, Verdict, classify_status
+from consumers.fetch.http import REDIRECT_STATUSES, Response
+from consumers.fetch.seen import DEAD, DONE, RETRYING
 from consumers.scope import follow
-from consumers.seen import DEAD, DONE, RETRYING
 from core.config import Settings
 from core.errors import (
     ConnectError,
@@ -30,8 +30,9 @@ from core.errors import (
 from core.profiles import EGRESS_META
 from core.urls import resolve_link, target_of
 from core.versions import FETCHER_VERSION, HTTP_LIB_VERSION, TLS_LIB_VERSION, code_revision
-from producers.lineage import ENQUEUED, lineage_event
-from producers.replay import REDIRECT_HOPS, without_replay
+from producers.replay import without_replay
+from schemas.keys import REDIRECT_HOPS
+from schemas.lineage import ENQUEUED, lineage_event
 from schemas.records import CrawlJob, FetchResult, Seen, SeenState
 from schemas.topics import RETRY_DELAYS_S, Topology
 from streams.io import Encoder, Output
@@ -186,7 +187,7 @@ class OutcomeRules:
                       (DEAD, job["attempt"]), outcome="dead", reason=reason)
 
     def park(self, pj: Pending) -> Output:
-        """The parked-queue changelog record of a job going to disk (see consumers.parking)."""
+        """The parked-queue changelog record of a job going to disk (see ``parking``)."""
         assert pj.park_key is not None
         return self.enc.record(self.topology.parked, pj.target, pj.park_key, pj.job)
 
@@ -196,7 +197,7 @@ class OutcomeRules:
         return self.enc.record(self.topology.parked, pj.target, pj.park_key, None)
 
     def seen(self, pj: Pending, state: tuple[str, int]) -> Output:
-        # The state is one of consumers.seen's DONE, RETRYING, DEAD (the ledger keeps str).
+        # The state is one of consumers.fetch.seen's DONE, RETRYING, DEAD (the ledger keeps str).
         record: Seen = {"state": cast(SeenState, state[0]), "attempt": state[1], "status": 0}
         return self.enc.record(self.topology.seen, pj.target, pj.key.encode(), record)
 

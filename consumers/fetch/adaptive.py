@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from consumers.classify import Signal, backoff
+from consumers.fetch.classify import Signal, backoff
 
 #: The rate never drops below 1/MAX_SLOWDOWN of the target's cap by slowing alone.
 MAX_SLOWDOWN = 32.0

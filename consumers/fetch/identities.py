@@ -22,7 +22,7 @@ Politeness rules, never evasion:
   a block, timeout or refused connection avoids the egress the last attempt used.
 
 The state is per target and forgotten with the rest of the target's state
-(:meth:`consumers.target_policy.TargetPolicy.forget_idle`), so ``max_target_state`` bounds
+(:meth:`consumers.fetch.target_policy.TargetPolicy.forget_idle`), so ``max_target_state`` bounds
 it; each target holds at most one pair per configured profile.
 """
 
@@ -34,7 +34,7 @@ from typing import Any
 
 import aiohttp
 
-from consumers.classify import Signal
+from consumers.fetch.classify import Signal
 from core.config import Settings
 from core.profiles import Egress, Profile
 from streams.control import Quarantine

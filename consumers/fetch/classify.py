@@ -38,7 +38,7 @@ MAX_BACKOFF_S = 600.0
 
 
 class Signal(Enum):
-    """What one finished request says about its target (see ``consumers.adaptive``)."""
+    """What one finished request says about its target (see ``consumers.fetch.adaptive``)."""
 
     OK = "ok"  # a definitive answer: 2xx, 404 ...
     ERROR = "error"  # 5xx, timeout, connection error: the site may be struggling

@@ -1,0 +1,55 @@
+"""The keys records travel under, beside the topology that defines those records.
+
+Every stage derives the same key from the same job, so these rules live once, at the
+bottom: the page's *dedupe key* (the semantic key of a page fetch: what ``crawl.seen``,
+the store's ReplacingMergeTree and lineage all use), a job's Kafka record key, and the
+reserved meta names that change a key (a replay's id) or travel with a job (redirect hops).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+#: The profile part of an unpinned job's dedupe key (never a profile's name).
+UNPINNED = "*"
+#: Job meta key of the replay id (reserved, like :data:`REDIRECT_HOPS`):
+#: see :mod:`producers.replay`.
+REPLAY_META = "replay_id"
+#: Job meta key: redirect hops that led to this job (the max-redirects cap spans jobs).
+REDIRECT_HOPS = "redirect_hops"
+
+
+def dedupe_key(profile: str, canonical_url: str, pinned: bool = True) -> str:
+    """Semantic key of a page fetch, the one rule for every job type.
+
+    Pinned (``profile|URL``): the same page under the same identity is one job, and two
+    identities are two legitimate fetches. Unpinned (``*|URL``): the profile is only where
+    the job starts, so the key leaves it out -- moving the job to another profile (after a
+    block or a quarantine) can never let one URL be fetched successfully and stored twice.
+    """
+    return f"{profile if pinned else UNPINNED}|{canonical_url}"
+
+
+def page_key(job: Mapping[str, Any]) -> str:
+    """The page's dedupe key of ``job`` by its type (:func:`dedupe_key`): pinned
+    ``profile|URL``, unpinned ``*|URL``. A job without ``pinned`` (parked on disk or stored
+    as JSON before schema v3) was pinned in effect: its key was always ``profile|URL``."""
+    return dedupe_key(job["profile"], job["url"], bool(job.get("pinned", True)))
+
+
+def job_dedupe_key(job: Mapping[str, Any]) -> str:
+    """The key the fetch stage dedupes ``job`` on: the page's (:func:`page_key`, by job
+    type: pinned ``profile|URL``, unpinned ``*|URL``), or the page's + replay id.
+
+    Canonical URLs hold no space, so the suffix can never make another page's key.
+    """
+    key = page_key(job)
+    rid = (job.get("meta") or {}).get(REPLAY_META)
+    return f"{key} replay:{rid}" if rid else key
+
+
+def job_key(target: str, profile: str, url: str) -> bytes:
+    """The Kafka key of a job's records (frontier, results, lineage): one key per
+    (target, profile, URL), partitioned by the target alone."""
+    return f"{target}|{profile}|{url}".encode()
