@@ -3,7 +3,7 @@
     python -m bench.cost_bench [--pages 10000] [--hosts 8] [--page-bytes 12000]
                                [--out infra/costs.json]
 
-Crawls a generated site (``sites.demo_site.bench_spec``, uncapped so the figures are the
+Crawls a generated site (``sites.bench_site.bench_spec``, uncapped so the figures are the
 pipeline's, not the caps') with ``crawlfleet crawl``'s own code path, on the local broker, and
 measures, per page stored: CPU seconds of each stage's processes and of the broker (from
 /proc: user + system, the processes' whole lives), bytes written to each topic (the run's log
@@ -41,7 +41,9 @@ from crawlfleet.fleet import Plan
 from infra import kafka_local
 from infra.clickhouse import Store
 from infra.topics import delete_topics
-from sites.demo_site import DemoSite, bench_spec, free_port, shape_spec
+from sites.bench_site import bench_spec
+from sites.demo_server import DemoSite, free_port
+from sites.shapes import shape_spec
 
 TICKS = os.sysconf("SC_CLK_TCK")
 REPO = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@
                                 [--repeat 3] [--warmup-pages 2000]
                                 [--skip-crawlfleet] [--json-out bench/out/crawl_bench.json]
 
-The site (``sites.demo_site.bench_spec``) runs in a thread of *this* process, and every crawler
+The site (``sites.bench_site.bench_spec``) runs in a thread of *this* process, and every crawler
 runs as its own subprocess, so no crawler's CPU time or memory includes the site's. Each
 crawler gets a fresh server (fresh counters) for every run. Runs are interleaved in rounds
 (bare aiohttp, Scrapy, crawlfleet; ``--repeat`` rounds) so a slow phase of a shared machine
@@ -38,7 +38,9 @@ from rich.table import Table
 
 from bench.peers import REPO_ROOT, PeerResult, run_bare_aiohttp, run_scrapy
 from bench.proc_costs import ChildCpu, ProcCosts, broker_pids
-from sites.demo_site import DemoSite, SiteSpec, bench_spec
+from sites.bench_site import bench_spec
+from sites.demo_server import DemoSite
+from sites.site_spec import SiteSpec
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 

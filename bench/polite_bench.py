@@ -5,7 +5,7 @@
                                  [--skip-scrapy] [--skip-crawlfleet]
                                  [--json-out bench/out/polite_bench.json]
 
-Every host of the local site (``sites.demo_site.bench_spec``) has the same cap of ``--cap``
+Every host of the local site (``sites.bench_site.bench_spec``) has the same cap of ``--cap``
 requests/s, so a crawler that keeps every host busy right up to its cap fetches at
 ``hosts x cap`` requests/s (the sum of caps) and no faster. Each crawler is told that cap in
 its own terms:
@@ -52,18 +52,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
-from collections import defaultdict
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from itertools import pairwise
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from bench.crawl_bench import (
     TreeMemorySampler,
@@ -72,113 +68,19 @@ from bench.crawl_bench import (
     run_crawlfleet,
 )
 from bench.peers import PeerResult
+from bench.polite_analysis import (
+    DECLARED_BURST,
+    TARGET_EFFICIENCY,
+    TARGET_PUBLISH_RATIO,
+    LogEntry,
+    Politeness,
+    analyse,
+)
 from bench.polite_peers import run_polite_scrapy, scrapy_polite_settings
-from sites.demo_site import DemoSite, SiteSpec, bench_spec, canonical_url, free_port
-
-#: requests crawlfleet may send beyond the cap in any closed 1 s window (see module docstring)
-DECLARED_BURST = 1
-TARGET_EFFICIENCY = 0.95
-#: pages/s from publication to the last page stored ÷ the sum of caps (issue 11, joins)
-TARGET_PUBLISH_RATIO = 0.95
-
-LogEntry = tuple[float, str, str]  # (monotonic time, host, raw path) as DemoSite logs it
-
-
-# -- analysis of one crawler's request log ---------------------------------------------------------
-
-
-@dataclass
-class HostTiming:
-    """One host's requests as the server saw them, timed from the crawler's first request."""
-
-    host: str
-    requests: int  # robots.txt included
-    robots: int
-    first_s: float
-    last_s: float
-    median_gap_s: float
-    p99_gap_s: float
-    max_gap_s: float
-    max_in_window: int
-    violations: int
-
-    @property
-    def active_rate(self) -> float:
-        """Requests/s between this host's first and last request."""
-        span = self.last_s - self.first_s
-        return (self.requests - 1) / span if span > 0 else 0.0
-
-
-@dataclass
-class Politeness:
-    name: str
-    cap: float
-    burst: int
-    hosts_total: int
-    expected: int
-    reported_pages: int  # the crawler's own count (stored pages / parsed responses)
-    fetched_expected: int  # distinct expected URLs the server was asked for
-    page_requests: int
-    robots_requests: int
-    refetched: int  # page requests beyond the first for the same URL
-    unexpected: int  # page requests for URLs outside the expected set (e.g. disallowed)
-    window_s: float
-    page_rate: float
-    efficiency: float
-    violations: int
-    max_in_window: int
-    hosts: list[HostTiming] = field(default_factory=list)
-    per_second: list[int] = field(default_factory=list)  # all requests, 1 s bins from the first
-    process_seconds: float = 0.0
-    peak_rss_mb: float = 0.0
-    fetch_workers: int = 0  # crawlfleet's fetch workers (0: another crawler)
-    publish_seconds: float = 0.0  # crawlfleet: seeds published → last page stored
-    start_seconds: float = 0.0  # crawlfleet: workers started → last page stored
-    first_request_s: float = 0.0  # crawlfleet: publication → the server's first request
-    tail_s: float = 0.0  # crawlfleet: the server's last request → last page stored
-
-    @property
-    def sum_of_caps(self) -> float:
-        return self.cap * self.hosts_total
-
-    @property
-    def publish_ratio(self) -> float | None:
-        """Pages/s from publication to the last page stored ÷ the sum of caps."""
-        return join_ratio(self.reported_pages, self.publish_seconds, self.sum_of_caps)
-
-    @property
-    def start_ratio(self) -> float | None:
-        """The same from the workers' start (Scrapy: from its process start to its exit)."""
-        seconds = self.start_seconds if self.fetch_workers else self.process_seconds
-        return join_ratio(self.reported_pages, seconds, self.sum_of_caps)
-
-    @property
-    def limit(self) -> float:
-        return self.cap + self.burst
-
-    @property
-    def exact(self) -> bool:
-        return (
-            self.fetched_expected == self.expected
-            and self.refetched == 0
-            and self.unexpected == 0
-        )
-
-    @property
-    def meets_target(self) -> bool:
-        return self.exact and self.violations == 0 and self.efficiency >= TARGET_EFFICIENCY
-
-    @property
-    def meets_join_target(self) -> bool:
-        ratio = self.publish_ratio
-        return ratio is not None and ratio >= TARGET_PUBLISH_RATIO
-
-
-def join_ratio(pages: int, seconds: float, sum_of_caps: float) -> float | None:
-    """``pages`` / ``seconds`` ÷ ``sum_of_caps``, or None when not timed."""
-    if seconds <= 0 or sum_of_caps <= 0:
-        return None
-    return pages / seconds / sum_of_caps
+from bench.polite_report import host_table, join_table, ratio_cell, summary_table
+from sites.bench_site import bench_spec
+from sites.demo_server import DemoSite, free_port
+from sites.site_spec import SiteSpec
 
 
 def parse_counts(text: str) -> list[int]:
@@ -198,107 +100,6 @@ def parse_counts(text: str) -> list[int]:
     return counts
 
 
-def window_counts(times: Sequence[float], window: float = 1.0) -> list[int]:
-    """For each request (sorted ``times``), how many requests fall in ``[t, t + window]``."""
-    out: list[int] = []
-    hi = 0
-    for lo, t in enumerate(times):
-        hi = max(hi, lo)
-        while hi < len(times) and times[hi] - t <= window:
-            hi += 1
-        out.append(hi - lo)
-    return out
-
-
-def _is_robots(raw: str) -> bool:
-    return raw.partition("?")[0] == "/robots.txt"
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def analyse(
-    result: PeerResult,
-    log: Sequence[LogEntry],
-    spec: SiteSpec,
-    expected: set[str],
-    cap: float,
-    burst: int = DECLARED_BURST,
-) -> Politeness:
-    """Politeness figures of one crawl from the server's request log."""
-    entries = sorted(log)
-    start = entries[0][0] if entries else 0.0
-    end = entries[-1][0] if entries else 0.0
-    window_s = end - start
-    limit = cap + burst
-
-    by_host: dict[str, list[LogEntry]] = defaultdict(list)
-    for e in entries:
-        by_host[e[1]].append(e)
-
-    page_urls: list[str] = []
-    robots_requests = 0
-    for _, host, raw in entries:
-        if _is_robots(raw):
-            robots_requests += 1
-        else:
-            page_urls.append(canonical_url(spec.url(host, raw)))
-    distinct = set(page_urls)
-
-    hosts: list[HostTiming] = []
-    for host in spec.hosts:
-        items = by_host.get(host, [])
-        times = [t for t, _, _ in items]
-        counts = window_counts(times)
-        gaps = [b - a for a, b in pairwise(times)]
-        hosts.append(
-            HostTiming(
-                host=host,
-                requests=len(items),
-                robots=sum(1 for _, _, raw in items if _is_robots(raw)),
-                first_s=times[0] - start if times else 0.0,
-                last_s=times[-1] - start if times else 0.0,
-                median_gap_s=statistics.median(gaps) if gaps else 0.0,
-                p99_gap_s=_percentile(gaps, 0.99),
-                max_gap_s=max(gaps, default=0.0),
-                max_in_window=max(counts, default=0),
-                violations=sum(1 for c in counts if c > limit),
-            )
-        )
-
-    per_second = [0] * (int(window_s) + 1) if entries else []
-    for t, _, _ in entries:
-        per_second[int(t - start)] += 1
-
-    page_rate = len(page_urls) / window_s if window_s > 0 else 0.0
-    return Politeness(
-        name=result.name,
-        cap=cap,
-        burst=burst,
-        hosts_total=len(spec.hosts),
-        expected=len(expected),
-        reported_pages=result.pages,
-        fetched_expected=len(distinct & expected),
-        page_requests=len(page_urls),
-        robots_requests=robots_requests,
-        refetched=len(page_urls) - len(distinct),
-        unexpected=len(distinct - expected),
-        window_s=window_s,
-        page_rate=page_rate,
-        efficiency=page_rate / (cap * len(spec.hosts)),
-        violations=sum(h.violations for h in hosts),
-        max_in_window=max((h.max_in_window for h in hosts), default=0),
-        hosts=hosts,
-        per_second=per_second,
-        process_seconds=result.process_seconds,
-        peak_rss_mb=result.peak_rss_mb,
-    )
-
-
 # -- running ---------------------------------------------------------------------------------------
 
 
@@ -310,127 +111,6 @@ def _crawl_on_fresh_site(
         log = site.snapshot()[1]
     result = out[0] if isinstance(out, tuple) else out
     return result, log
-
-
-# -- reporting -------------------------------------------------------------------------------------
-
-
-def _summary_table(runs: list[Politeness], title: str) -> Table:
-    table = Table(title=title)
-    table.add_column("crawler", no_wrap=True)
-    for col in (
-        "pages",
-        "served/expected",
-        "exact",
-        "page req",
-        "robots",
-        "window s",
-        "pages/s",
-        "efficiency",
-        "violations",
-        "max/1s (limit)",
-        "process s",
-        "RSS MB",
-    ):
-        table.add_column(col, justify="right")
-    for r in runs:
-        eff_style = "green" if r.efficiency >= TARGET_EFFICIENCY else "yellow"
-        viol_style = "green" if r.violations == 0 else "red"
-        table.add_row(
-            r.name,
-            str(r.reported_pages),
-            f"{r.fetched_expected}/{r.expected}",
-            "[green]yes[/]" if r.exact else "[red]NO[/]",
-            str(r.page_requests),
-            str(r.robots_requests),
-            f"{r.window_s:.2f}",
-            f"{r.page_rate:.2f}",
-            f"[{eff_style}]{r.efficiency:.3f}[/]",
-            f"[{viol_style}]{r.violations}[/]",
-            f"{r.max_in_window} ({r.limit:g})",
-            f"{r.process_seconds:.1f}",
-            f"{r.peak_rss_mb:,.0f}",
-        )
-    return table
-
-
-def _ratio_cell(ratio: float | None, target: float | None) -> str:
-    if ratio is None:
-        return "-"
-    if target is None:
-        return f"{ratio:.3f}"
-    return f"[{'green' if ratio >= target else 'red'}]{ratio:.3f}[/]"
-
-
-def _join_table(runs: list[Politeness], title: str) -> Table:
-    """Side by side per crawler and fetch-worker count: the pace a user waits for."""
-    table = Table(title=title)
-    table.add_column("crawler", no_wrap=True)
-    for col in (
-        "fetch workers",
-        "pages",
-        "exact",
-        "publish → last stored s",
-        "pages/s",
-        "÷ sum of caps",
-        "start → last stored s",
-        "÷ sum of caps (start)",
-        "publish → 1st request s",
-        "last request → stored s",
-        "efficiency (server)",
-        "violations",
-    ):
-        table.add_column(col, justify="right")
-    for r in runs:
-        crawlfleet = r.fetch_workers > 0
-        publish_rate = r.reported_pages / r.publish_seconds if r.publish_seconds > 0 else 0.0
-        table.add_row(
-            r.name,
-            str(r.fetch_workers) if crawlfleet else "-",
-            str(r.reported_pages),
-            "[green]yes[/]" if r.exact else "[red]NO[/]",
-            f"{r.publish_seconds:.2f}" if crawlfleet else "-",
-            f"{publish_rate:.2f}" if crawlfleet else "-",
-            _ratio_cell(r.publish_ratio, TARGET_PUBLISH_RATIO) if crawlfleet else "-",
-            f"{r.start_seconds if crawlfleet else r.process_seconds:.2f}",
-            _ratio_cell(r.start_ratio, None),
-            f"{r.first_request_s:.2f}" if crawlfleet else "-",
-            f"{r.tail_s:.2f}" if crawlfleet else "-",
-            _ratio_cell(r.efficiency, TARGET_EFFICIENCY),
-            f"[{'green' if r.violations == 0 else 'red'}]{r.violations}[/]",
-        )
-    return table
-
-
-def _host_table(run: Politeness) -> Table:
-    table = Table(title=f"{run.name}: per-host timing (s from its first request)")
-    table.add_column("host")
-    for col in (
-        "requests",
-        "first @",
-        "last @",
-        "req/s first..last",
-        "median gap",
-        "p99 gap",
-        "max gap",
-        "max/1s",
-        "violations",
-    ):
-        table.add_column(col, justify="right")
-    for h in run.hosts:
-        table.add_row(
-            h.host,
-            str(h.requests),
-            f"{h.first_s:.2f}",
-            f"{h.last_s:.2f}",
-            f"{h.active_rate:.2f}",
-            f"{h.median_gap_s:.3f}",
-            f"{h.p99_gap_s:.3f}",
-            f"{h.max_gap_s:.3f}",
-            str(h.max_in_window),
-            str(h.violations),
-        )
-    return table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -548,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(run)
         joins = (
             f"; publish → last stored {run.publish_seconds:.2f} s, "
-            f"{_ratio_cell(run.publish_ratio, None)} of the sum of caps (first request "
+            f"{ratio_cell(run.publish_ratio, None)} of the sum of caps (first request "
             f"{run.first_request_s:.2f} s after publication, last page stored "
             f"{run.tail_s:.2f} s after the last request)"
             if workers
@@ -561,18 +241,18 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     console.print(
-        _summary_table(
+        summary_table(
             runs,
             f"politeness: {len(hosts)} hosts x cap {args.cap:g} req/s, "
             f"{len(expected)} pages expected, sum of caps {sum_caps:g} req/s",
         )
     )
     for run in runs:
-        console.print(_host_table(run))
+        console.print(host_table(run))
         if args.timeline:
             console.print(f"{run.name} requests per second: {run.per_second}")
     console.print(
-        _join_table(
+        join_table(
             runs,
             f"joins: pages/s from the seeds' publication (or the start) to the last page "
             f"stored ÷ sum of caps {sum_caps:g} req/s",

@@ -2,7 +2,7 @@
 
     python -m bench.resume_check --old-tree /path/to/old/checkout [--pages 800] [--cut 12]
 
-The old checkout crawls a generated local site (``sites.demo_site.bench_spec``) with
+The old checkout crawls a generated local site (``sites.bench_site.bench_spec``) with
 ``--keep-topics`` under a fixed ``--topic-prefix`` and is stopped by its own ``--timeout``
 part-way; this checkout then runs ``crawlfleet crawl`` on the same prefix and data dir with
 the same seeds (republished: the dedupe state on ``crawl.seen`` drops what was done). The
@@ -25,7 +25,8 @@ from pathlib import Path
 
 from core.config import load_settings
 from infra.store_query import run_query
-from sites.demo_site import DemoSite, bench_spec, free_port
+from sites.bench_site import bench_spec
+from sites.demo_server import DemoSite, free_port
 
 
 def _crawl(tree: Path | None, args: list[str]) -> tuple[int, float]:

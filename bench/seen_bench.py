@@ -68,7 +68,7 @@ def run_one(impl: str, keys: int, batch: int, seed: int) -> dict[str, Any]:
     from consumers.fetch.seen import SeenStore  # imported before the baseline, like the dict
 
     workdir = Path(tempfile.mkdtemp(prefix="seen-bench-"))
-    store = SeenStore(workdir / "w") if impl == "rocksdb" else None
+    store = SeenStore.at(workdir / "w") if impl == "rocksdb" else None
     table: dict[str, tuple[str, int]] = {}
     if store is not None:
         store.open(0)

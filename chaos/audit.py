@@ -18,7 +18,8 @@ from core.config import Settings
 from core.errors import InfraError
 from infra.clickhouse import PORT_FILE
 from infra.store_query import run_query
-from sites.demo_site import DemoSite, canonical_url
+from sites.demo_server import DemoSite
+from sites.site_spec import canonical_url
 
 
 def wait_for_store(settings: Settings, timeout_s: float = 60.0) -> None:

@@ -21,7 +21,8 @@ from crawlfleet.crawl import IDLE_S
 from crawlfleet.fleet import Fleet
 from infra.lag import LagProbe
 from infra.live_state import LiveEntries, live_entries
-from schemas.topics import Topology, analytics_stages, stage_spec, stages
+from schemas.stages import analytics_stages, stage_spec, stages
+from schemas.topics import Topology
 from streams.status import holds_work
 
 
@@ -49,13 +50,14 @@ class BrokerState:
 
 def broker_state(settings: Settings, topo: Topology, timeout_s: float = 10.0) -> BrokerState:
     """Count the live entries of every stage's state changelogs on the broker (as the
-    topology declares them: ``StageSpec.state_topics``)."""
+    topology declares them: ``StageSpec.work_stores``)."""
     out = BrokerState()
     try:
         for stage in stages():
-            for name, topic in zip(stage_spec(stage).state_topics, topo.state_topics(stage),
-                                   strict=True):
-                live: LiveEntries = live_entries(settings, topic, topo.partitions, timeout_s)
+            for store in stage_spec(stage).work_stores:
+                name = store.changelog
+                live: LiveEntries = live_entries(settings, topo.prefix + name, topo.partitions,
+                                                 timeout_s)
                 out.live[name] = live.total
                 if live.unsettled:
                     out.unsettled[name] = sorted(live.unsettled)

@@ -34,14 +34,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas.stages import stages_where
+
 #: Status counters that each mean "this worker dropped the work it held".
 DROP_COUNTERS = ("aborted_txns", "fenced", "lost_partitions", "revoked_partitions",
                  "internal_errors")
 #: Rebalances one fetch kill can cause without static membership (legacy estimate).
 REBALANCES_PER_FETCH_KILL = 2
-#: Stages whose dropped work is redone as page requests / as store rows.
-REQUEST_STAGES = frozenset({"fetch"})
-STORE_STAGES = frozenset({"store"})
 
 
 @dataclass(frozen=True)
@@ -141,7 +140,7 @@ class Exposure:
         fleet = 0
         for st in statuses:
             h = held_of(st)
-            if h.stage in REQUEST_STAGES:
+            if h.stage in stages_where("sends_requests"):
                 fleet += h.inflight + h.queued
             prev = self._last.get(h.worker)
             if prev is not None and h.wall < prev.wall:
@@ -173,7 +172,7 @@ class Exposure:
         self.drops.append(drop)
         self._killed.add(worker)
         self._peak.pop(worker, None)
-        if stage in REQUEST_STAGES:
+        if stage in stages_where("sends_requests"):
             self._legacy += drop.inflight + drop.queued
             self.open_window(now_wall)
         return drop
@@ -192,7 +191,7 @@ class Exposure:
 
     def fleet_load(self) -> int:
         return sum(h.inflight + h.queued for h in self._last.values()
-                   if h.stage in REQUEST_STAGES)
+                   if h.stage in stages_where("sends_requests"))
 
     def _drop(self, prev: Held, cause: str, seen_wall: float) -> None:
         peak = self._peak.get(prev.worker, prev)
@@ -215,10 +214,10 @@ class Exposure:
         by_cause: dict[str, int] = {}
         for d in self.drops:
             by_cause[d.cause] = by_cause.get(d.cause, 0) + 1
-            if d.stage in REQUEST_STAGES:
+            if d.stage in stages_where("sends_requests"):
                 missing = missing or d.uncommitted is None
                 req += d.exposed + requests_between(d.since_wall, d.wall)
-            elif d.stage in STORE_STAGES:
+            elif d.stage in stages_where("store_owner"):
                 store_missing = store_missing or d.uncommitted is None
                 store += d.uncommitted or 0
         return Bound(requests=req, store_rows=store, legacy=legacy, gauge_missing=missing,

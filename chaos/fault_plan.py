@@ -19,7 +19,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from schemas.topics import stage_spec, stages
+from schemas.stages import stage_spec, stages
 
 WORKER_KILL = "worker_kill"  # kill -9 of one stage worker; the fleet restarts it
 BROKER_KILL = "broker_kill"  # kill -9 of one broker, restarted after a while
@@ -42,7 +42,7 @@ NEEDS_THREE_NODES = frozenset({BROKER_KILL, BROKER_FREEZE})
 def stateful_stages() -> tuple[str, ...]:
     """The stages with local state a wipe can delete: those that declare ``stores``
     (fetch: seen + parked; retry: timers; any declared stage's own)."""
-    return tuple(st for st in stages() if stage_spec(st).stores)
+    return tuple(st for st in stages() if stage_spec(st).state)
 
 #: Heavy faults fire between these shares of the pages requested: late enough for work
 #: to be in flight everywhere, early enough to recover under load, not in the tail.

@@ -26,7 +26,7 @@ from core.config import Settings
 from core.errors import CrawlfleetError
 from crawlfleet.crawl import settings_env
 from infra import kafka_local
-from schemas.topics import stage_spec
+from schemas.stages import stage_spec
 from streams.state_store import store_dir
 
 #: A killed broker stays down this long before it is started again.
@@ -205,7 +205,7 @@ class StoreRestart(FaultThread):
 def state_dirs(settings: Settings, stage: str, worker: str) -> list[Path]:
     """A worker's local state directories: each store its stage declares, where the stage
     keeps it (:func:`streams.state_store.store_dir`)."""
-    return [store_dir(settings, store, worker) for store in stage_spec(stage).stores]
+    return [store_dir(settings, store, worker) for store in stage_spec(stage).store_names]
 
 
 def wipe_state(settings: Settings, kill: KillFn, worker: str, stage: str,

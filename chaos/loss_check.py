@@ -5,7 +5,7 @@ pipeline believes it did; a checker that reads them can only agree with it. This
 shares no code with them. It compares three sources:
 
 1. **reachable**: the URLs a correct crawler must reach, computed from the site generator
-   itself (:meth:`sites.demo_site.SiteSpec.expected`: breadth-first over the generated
+   itself (:meth:`sites.site_spec.SiteSpec.expected`: breadth-first over the generated
    links, robots.txt obeyed), never from what the crawl found;
 2. **requests**: the site server's own request log (every URL asked for, how many times);
 3. **the store**: ``pages`` raw and FINAL and ``dead_letters``, read through SQL.
@@ -29,7 +29,8 @@ from typing import Any
 
 from core.config import Settings
 from infra.store_query import run_query
-from sites.demo_site import DemoSite, SiteSpec, canonical_url
+from sites.demo_server import DemoSite
+from sites.site_spec import SiteSpec, canonical_url
 
 #: How many URLs of each kind a verdict lists (the counts are always whole).
 SAMPLE = 20

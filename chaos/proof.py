@@ -42,7 +42,8 @@ from chaos.fault_plan import BROKER_KILL, PlannedFault
 from chaos.report import ChaosReport
 from chaos.round import ChaosRound, RoundSpec, baseline_of, round_settings
 from core.errors import InfraError
-from sites.demo_site import DemoSite, bench_spec, free_port
+from sites.bench_site import bench_spec
+from sites.demo_server import DemoSite, free_port
 
 SITE_HOSTS = 8
 #: With 3 nodes, one broker goes down once this share of the pages has been requested.

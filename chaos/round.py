@@ -73,8 +73,9 @@ from crawlfleet.crawl import wait_ready
 from crawlfleet.fleet import Fleet, Plan
 from infra.topics import create_topics, topology_of
 from producers.frontier import PublishReport, jobs_from_lines, publish
-from schemas.topics import declared_modules, declared_topics
-from sites.demo_site import DemoSite, SiteSpec
+from schemas.stages import declared_modules, user_topics
+from sites.demo_server import DemoSite
+from sites.site_spec import SiteSpec
 from streams.status import read_statuses
 
 #: Stop killing once this share of the expected pages has been requested: the tail of the
@@ -381,7 +382,7 @@ class ChaosRound:
         # Declared stages' outputs are held to the same rule: one committed record per key.
         declared = {d.name: committed_repeats(self.s, self.topo.prefix + d.name,
                                               self.topo.partitions)
-                    for d in declared_topics()}
+                    for d in user_topics()}
         counts, _ = self.site.snapshot()
         robots = sum(n for u, n in counts.items() if u.endswith("/robots.txt"))
         timed = timed_page_requests(self.site, self.site_spec.port)

@@ -36,7 +36,7 @@ from infra.clickhouse import Store
 from infra.lag import LagProbe
 from infra.live_state import live_entries
 from infra.topics import topology_of
-from schemas.topics import stages
+from schemas.stages import stage_spec, stages
 from streams.status import StatusFile
 
 #: The store worker's gauges of work the broker holds (see :meth:`QueueSampler.held_work`).
@@ -222,12 +222,14 @@ class QueueSampler:
         return out
 
     def held_work(self) -> list[Sample]:
-        """Live entries of the parked and timer changelogs, as the broker holds them: the
-        fetch stage's parked jobs and the retry stage's timers, whatever any gauge says."""
+        """Live entries of the changelogs that hold work (the fetch stage's parked jobs, the
+        retry stage's timers, any stage's declared work stores), as the broker holds them,
+        whatever any gauge says; each store's total is the gauge ``live_<store>``."""
         out: list[Sample] = []
         unsettled = 0
-        for stage, topic, gauge in (("fetch", self.topo.parked, "live_parked"),
-                                    ("retry", self.topo.timers, "live_timers")):
+        held = [(stage, self.topo.prefix + st.changelog, f"live_{st.name}")
+                for stage in stages() for st in stage_spec(stage).work_stores]
+        for stage, topic, gauge in held:
             live = live_entries(self.s, topic, self.topo.partitions)
             unsettled += len(live.unsettled)
             busy = sum(1 for p, n in live.counts.items() if n or p in live.unsettled)

@@ -36,6 +36,13 @@ class ConfigError(FatalError):
     reason = "config"
 
 
+class UndeclaredTopicError(ConfigError):
+    """A stage wrote a topic its declaration does not name among its outputs or its
+    stores' changelogs: the topology graph would be wrong, so the write is refused."""
+
+    reason = "undeclared_topic"
+
+
 class InfraError(FatalError):
     """A local service (Kafka, Java, Maven, ClickHouse) could not be set up."""
 

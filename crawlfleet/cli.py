@@ -267,7 +267,8 @@ def demo_site_cmd(port: Annotated[int, typer.Option(
                   seeds_file: Annotated[Path | None, typer.Option(
                       help="Write the seed URLs here. [default: none]")] = None) -> None:
     """Serve the small multi-host demo site on loopback until interrupted."""
-    from sites.demo_site import demo_spec, serve_forever
+    from sites.demo_pages import demo_spec
+    from sites.demo_site import serve_forever
     spec = demo_spec(port)
     if seeds_file:
         seeds_file.write_text("\n".join(spec.seeds()) + "\n")
@@ -286,7 +287,8 @@ def demo_cmd(port: Annotated[int, typer.Option(
     from crawlfleet import crawl
     from crawlfleet.fleet import Plan
     from infra.store_query import run_query
-    from sites.demo_site import DemoSite, demo_spec
+    from sites.demo_pages import demo_spec
+    from sites.demo_server import DemoSite
     spec = demo_spec(port)
     try:
         s = _settings(None, data_dir=data_dir, allow_private=True, rate_cap=rate_cap)

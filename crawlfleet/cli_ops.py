@@ -316,6 +316,18 @@ def sql_cmd(query: Annotated[str | None, typer.Argument(
         console.print(t)
 
 
+def _print_graph(config: Path | None) -> None:
+    """The topology graph of every declared stage, the ``stage_modules`` ones included."""
+    from schemas.graph import draw
+    try:
+        _settings(config)  # loads the stage modules the configuration names
+    except CrawlfleetError as exc:
+        _fail(exc)
+        return
+    for line in draw():
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 @command("top")
 def top_cmd(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
             topic_prefix: PrefixOpt = None, clickhouse: ClickhouseOpt = None,
@@ -323,7 +335,11 @@ def top_cmd(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
             refresh: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 2.0,
             once: Annotated[bool, typer.Option(
                 "--once", help="Print one snapshot and exit (piped output always does). "
-                "[default: off]")] = False) -> None:
+                "[default: off]")] = False,
+            graph: Annotated[bool, typer.Option(
+                "--graph", help="Print the topology (which stage writes each topic, which "
+                "reads it, each stage's stores) from the stage declarations and exit; needs "
+                "no broker. [default: off]")] = False) -> None:
     """A live view of the whole fleet: queues and their trend, throughput, workers and their
     versions, block rate, dead letters, paused targets."""
     import time as _time
@@ -331,6 +347,9 @@ def top_cmd(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
     from rich.live import Live
 
     from crawlfleet.top import FleetView, render
+    if graph:
+        _print_graph(config)
+        return
     try:
         s = _control_settings(config, bootstrap, topic_prefix)
         s = _settings(config, bootstrap=s.bootstrap_servers, topic_prefix=topic_prefix,

@@ -26,7 +26,7 @@ from core.errors import InfraError
 
 # Fleet, Plan and settings_env lived here first: re-exported for their many users.
 from crawlfleet.fleet import PARTITIONS_PER_WORKER as PARTITIONS_PER_WORKER
-from crawlfleet.fleet import STORE_STAGES, Fleet, Plan
+from crawlfleet.fleet import Fleet, Plan
 from crawlfleet.fleet import settings_env as settings_env
 from crawlfleet.health import HeldRecheck, HeldWork, StallWatch, read_held_work, stalls
 from crawlfleet.phases import Phases
@@ -36,7 +36,8 @@ from infra.lag import LagProbe
 from infra.store_query import run_query
 from infra.topics import adopt_partitions, create_topics, delete_topics, topology_of
 from producers.frontier import PublishReport, jobs_from_lines, publish
-from schemas.topics import Topology, analytics_stages, stage_spec
+from schemas.stages import analytics_stages, stage_spec, stages_where
+from schemas.topics import Topology
 from streams.status import holds_work, read_statuses
 
 IDLE_S = 1.0
@@ -166,12 +167,13 @@ def _crawl(settings: Settings, seeds: list[str], plan: Plan, console: Console,
         phases.mark("workers_started")
     started, start_wall = fleet.started_at, fleet.started_wall
     try:
-        if fleet.plan.fetch_workers > 1:
+        requesting = stages_where("sends_requests")
+        if any(fleet.plan.workers(st) > 1 for st in requesting):
             # Several fetch workers: publish once they all hold their partitions. The first
             # to join would otherwise start on every target and hand most of them over
             # mid-crawl, each a pause of ~2 s (bench.polite_bench, 4 workers: efficiency
             # 0.94-0.96). One worker has nobody to wait for: its seeds go out at once.
-            wait_ready(settings, fleet, FETCH_STABLE_WAIT_S, stages=("fetch",))
+            wait_ready(settings, fleet, FETCH_STABLE_WAIT_S, stages=requesting)
             phases.mark("fetch_stable")
         published_wall = time.time()
         report = publish(seeds, settings, frontier_empty=frontier_empty)
@@ -187,7 +189,7 @@ def _crawl(settings: Settings, seeds: list[str], plan: Plan, console: Console,
         # its status file as it exits, and one that exits while the store answers the
         # summary's queries (seconds, on a large crawl) would be missing from it.
         statuses = read_statuses(settings.status_dir)
-        fleet.signal(but=STORE_STAGES)
+        fleet.signal(but=stages_where("store_owner"))
         summary = _summarise(settings, report, start_wall, elapsed, drained, fleet,
                              published_wall, statuses)
         if summary.pages_stored:
@@ -384,7 +386,7 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
                 now = time.monotonic()
                 stalled = stall_watch.update(stalls(lags, statuses), now)
                 quiet = _calm(statuses, lags, fleet)
-                tail = not quiet and _calm(statuses, lags, fleet, but=STORE_STAGES)
+                tail = not quiet and _calm(statuses, lags, fleet, but=stages_where("store_owner"))
                 drained = False
                 if not quiet:
                     held = None

@@ -18,23 +18,20 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from core.config import TABLE_FIELDS, Secret, Settings
-from schemas.topics import analytics_stages, stages
+from schemas.stages import analytics_stages, every_stage, stages, stages_where
 from streams.status import read_statuses
 
 PARTITIONS_PER_WORKER = 4
-#: Stages whose workers begin once a fetch worker has joined its group (at most
+#: Stages declared ``start_late`` begin once a fetch worker has joined its group (at most
 #: ``LATE_START_S`` after the others; ``worker_main --defer-s``): in a crawl's first seconds
 #: they have nothing to do, and five interpreters importing at once on two cores delay the
 #: first request by the start-up of the two it does not need. They read their inputs from
 #: the earliest offset: nothing is missed. Not later (tried: after the first request): the
 #: quarantine app still starting while the first blocks came in let a banned profile ask
 #: again after its quarantine was decided.
-LATE_STAGES = ("retry", "quarantine")
 LATE_START_S = 3.0
 #: How long a stopping crawl waits for an analytics worker (the quarantine app) to exit.
 ANALYTICS_STOP_S = 0.5
-#: Stages whose workers answer the crawl's queries (the embedded store's owner).
-STORE_STAGES = ("store",)
 
 
 @dataclass(frozen=True)
@@ -49,16 +46,19 @@ class Plan:
     #: Quarantine apps (faust; analytics: started and restarted, never waited on).
     quarantine_workers: int = 1
 
+    def workers(self, stage: str) -> int:
+        """Workers of ``stage``: its ``<stage>_workers`` field, else ``other_workers`` (an
+        analytics stage without a field of its own: one)."""
+        default = 1 if stage in analytics_stages() else self.other_workers
+        return int(getattr(self, f"{stage}_workers", default))
+
     def counts(self) -> dict[str, int]:
         """Workers per stage, every stage of the topology (the pipeline's and declared)."""
-        own = {"fetch": self.fetch_workers, "parse": self.parse_workers,
-               "store": self.store_workers, "retry": self.retry_workers}
-        return {stage: own.get(stage, self.other_workers) for stage in stages()}
+        return {stage: self.workers(stage) for stage in stages()}
 
     def processes(self) -> dict[str, int]:
         """Workers per stage to start: :meth:`counts` and the analytics stages."""
-        extra = {"quarantine": self.quarantine_workers}
-        return {**self.counts(), **{st: extra.get(st, 1) for st in analytics_stages()}}
+        return {stage: self.workers(stage) for stage in every_stage()}
 
     def partitions(self) -> int:
         """Partitions for topics that only this plan's processes will ever consume.
@@ -120,8 +120,8 @@ class Fleet:
         log = (self.log_dir / f"{wid}.log").open("ab")
         # A late stage's first start waits (in its own process, before its imports) for a
         # fetch worker to join; a restart does not.
-        defer = ["--defer-s", str(LATE_START_S)] if stage in LATE_STAGES and not restart \
-            else []
+        late = stage in stages_where("start_late") and not restart
+        defer = ["--defer-s", str(LATE_START_S)] if late else []
         self.procs[wid] = subprocess.Popen(
             [sys.executable, "-m", "crawlfleet.worker_main", stage, "--worker-id", wid, *defer],
             env=self._env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError
+from schemas.pipeline import handles_pages
+from schemas.stages import stages
 
 COSTS = Path(__file__).resolve().parent.parent / "infra" / "costs.json"
-STAGE_ORDER = ("fetch", "parse", "store", "retry")
 DAY_S = 86_400
 
 
@@ -103,9 +104,10 @@ def plan(pages_per_day: float, targets: int, cap: float, costs: Costs,
         raise ConfigError("pages per day, targets and cap must be > 0")
     rate = pages_per_day / DAY_S
     scale = (limits.page_bytes / costs.page_bytes) if limits.page_bytes else 1.0
-    # CPU scales with the bytes a stage handles: fetch, parse and store with the page size.
-    demand = {st: rate * costs.cpu_s.get(st, 0.0) * (scale if st != "retry" else 1.0)
-              for st in STAGE_ORDER}  # CPU-seconds per second
+    # CPU scales with the bytes a stage handles: those reading or writing pages (fetch,
+    # parse and store) with the page size.
+    demand = {st: rate * costs.cpu_s.get(st, 0.0) * (scale if handles_pages(st) else 1.0)
+              for st in stages()}  # CPU-seconds per second
     workers = {st: max(1, math.ceil(d / limits.worker_cpu)) for st, d in demand.items()}
     topic_mb_s = {t: rate * b * (scale if t in ("fetched", "parsed") else 1.0) / 1e6
                   for t, b in costs.topic_bytes.items()}

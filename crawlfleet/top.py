@@ -36,8 +36,8 @@ from infra.lag import LagProbe
 from infra.store_query import run_query
 from infra.topics import topology_of
 from schemas.codec import default_codec
-from schemas.topics import analytics_stages
-from schemas.topics import stages as topology_stages
+from schemas.stages import every_stage
+from schemas.stages import stages as topology_stages
 from streams.control import ControlReader, Quarantine
 from streams.status import read_statuses
 
@@ -90,7 +90,7 @@ class Snapshot:
 def shown_stages() -> tuple[str, ...]:
     """The pipeline's stages, then the analytics ones (the quarantine app: shown, its lag
     is analytics -- a transaction marker after its last event may show as 1)."""
-    return (*topology_stages(), *analytics_stages())
+    return every_stage()
 
 
 class FleetView:

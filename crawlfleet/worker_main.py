@@ -28,9 +28,9 @@ def run_worker(stage: str, s: Settings, worker_id: str | None) -> None:
     A broker that does not answer yet, or a store held by someone else, is waited for (with
     back-off, saying so in the log and the worker's status), never a reason to exit.
     """
-    from schemas.topics import analytics_stages, stages
+    from schemas.stages import every_stage
     from streams.worker import StopFlag, worker_name
-    known = (*stages(), *analytics_stages())  # after the settings: stage_modules add
+    known = every_stage()  # after the settings: stage_modules add
     if stage not in known:
         raise ConfigError(f"unknown stage {stage!r}: " + ", ".join(known))
     stop = StopFlag().install()
@@ -91,14 +91,14 @@ def _stage(stage: str, s: Settings, worker_id: str | None, stop: Any) -> Any:
     """The worker of ``stage``: the class its topology declaration names (``entry``)."""
     import importlib
 
-    from schemas.topics import stage_spec
+    from schemas.stages import stage_spec
     module, _, cls = stage_spec(stage).entry.partition(":")
     return getattr(importlib.import_module(module), cls)(s, worker_id, stop)
 
 
 def await_fetch_join(status_dir: Path, limit_s: float) -> None:
     """Return once a fetch worker's status says it has joined its group, or after
-    ``limit_s`` (a late stage's deferred start: see ``crawlfleet.fleet.LATE_STAGES``)."""
+    ``limit_s`` (a late stage's deferred start: see ``StageSpec.start_late``)."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         for path in status_dir.glob("fetch-*.json"):

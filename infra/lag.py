@@ -9,7 +9,8 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicParti
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from core.config import Settings
-from schemas.topics import Topology, stages
+from schemas.stages import stages
+from schemas.topics import Topology
 
 #: How long one look waits for end offsets before leaving the partitions not answered out.
 OFFSETS_WAIT_S = 1.0

@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from core.config import DEFAULT_PARTITIONS, Settings
 from core.errors import InfraError
+from schemas.stages import every_stage
 from schemas.topics import Topology
 
 
@@ -196,8 +197,7 @@ def _await_metadata(admin: AdminClient, pending: Callable[[dict[str, Any]], list
         time.sleep(0.05)
 
 
-def delete_topics(settings: Settings, stages: tuple[str, ...] = ("fetch", "parse", "store",
-                                                                  "retry", "quarantine"),
+def delete_topics(settings: Settings, stages: tuple[str, ...] | None = None,
                   timeout_s: float = 30.0, *,
                   topics: Collection[str] | None = None) -> list[str]:
     """Delete the topology's topics (or only ``topics``) and ``stages``' groups (best effort).
@@ -214,7 +214,7 @@ def delete_topics(settings: Settings, stages: tuple[str, ...] = ("fetch", "parse
     deleted: list[str] = []
     if names:
         deleted = _delete_named(admin, settings, names, timeout_s)
-    groups = [topo.group(stage) for stage in stages]
+    groups = [topo.group(stage) for stage in (every_stage() if stages is None else stages)]
     if not groups:
         return deleted
     for group, fut in admin.delete_consumer_groups(groups, request_timeout=timeout_s).items():

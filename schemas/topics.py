@@ -1,4 +1,8 @@
-"""The topology, declared once: topic names, partitioning, cleanup, groups, headers.
+"""The topology of one crawl namespace: topic names, partitioning, cleanup, groups, headers.
+
+What topics and stages exist is declared in :mod:`schemas.stages` (the pipeline's own in
+:mod:`schemas.pipeline`); this module turns the declarations into the names and topic specs
+of one crawl (its ``prefix``, partition count and replication).
 
 Every target-partitioned topic has the same partition count, and records go to the
 partition chosen from their target alone, so a target's frontier, results and dedupe state
@@ -10,142 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from schemas.pipeline import QUARANTINE_TABLE, RETRY_DELAYS_S
+from schemas.stages import DAY_MS, declared_topics, generation, stage_spec
+
 HEADER_SCHEMA = "cf-schema"  # writer-schema fingerprint (hex CRC-64-AVRO)
 HEADER_TARGET = "cf-target"
-
-DAY_MS = 24 * 3600 * 1000
-
-#: Retry tiers: (delay in seconds, topic suffix). Attempt n waits in the first tier whose
-#: delay is at least what the failure asked for (Retry-After or back-off).
-RETRY_DELAYS_S: tuple[int, ...] = (2, 15, 120)
-#: The pipeline's own consumer-group stages, in a job's order through it (stages a user
-#: declares with :func:`register_stage` come after these: :func:`stages`).
-STAGES: tuple[str, ...] = ("fetch", "parse", "store", "retry")
-#: Analytics stages: apps that read the pipeline's records at least once and only issue
-#: control records (the faust-streaming quarantine app). ``crawl`` starts them and ``top``
-#: shows them, but the drain check never waits on them and chaos leaves them alone: their
-#: lag is analytics, not work (:func:`analytics_stages`).
-ANALYTICS: tuple[str, ...] = ("quarantine",)
-#: The quarantine app's faust table (one state record per target, see
-#: ``streams.quarantine_rules``); faust names its changelog ``{app id}-{table}-changelog``.
-QUARANTINE_TABLE = "counts"
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    """One consumer-group stage, as the topology declares it: what it reads, where its
-    worker class is, and what the operator views call its queue.
-
-    ``inputs`` are topic names without the crawl's prefix (``crawl.parsed``); the first of
-    ``followers`` (also in ``inputs``) go wherever the lead input's partition N goes.
-    ``entry`` is ``"module:Class"``: ``Class(settings, worker_id, stop)`` is the worker
-    (``streams.batch_stage.BatchStage`` gives one the whole runtime). ``state_topics`` are
-    changelogs holding work (parked jobs, timers): a crawl is drained only when the broker
-    holds no live entry in them. ``stores`` are the local state stores the stage owns, each
-    rebuilt from its changelog (:func:`streams.state_store.store_dir` lays them out): a
-    worker's local state can be wiped and must come back from the broker. ``label`` names
-    the stage's queue in progress tables.
-    """
-
-    name: str
-    inputs: tuple[str, ...]
-    entry: str
-    followers: tuple[str, ...] = ()
-    state_topics: tuple[str, ...] = ()
-    label: str = ""
-    stores: tuple[str, ...] = ()
-    #: At-least-once analytics (its lag is not work): see :data:`ANALYTICS`.
-    analytics: bool = False
-
-
-@dataclass(frozen=True)
-class TopicDecl:
-    """A topic a user stage adds: its name without the prefix, the Avro record it carries,
-    and its config (``cleanup.policy`` and so on). Partitioned by target like the rest."""
-
-    name: str
-    record: str
-    config: tuple[tuple[str, str], ...] = (("cleanup.policy", "delete"),
-                                           ("retention.ms", str(7 * DAY_MS)))
-
-
-_BUILTIN: dict[str, StageSpec] = {
-    "fetch": StageSpec("fetch", ("crawl.frontier", "crawl.frontier.high"),
-                       "consumers.fetch.stage:FetchStage", followers=("crawl.frontier.high",),
-                       state_topics=("crawl.parked",), label="frontier",
-                       stores=("seen", "parked")),
-    "parse": StageSpec("parse", ("crawl.fetched",), "consumers.parse:ParseStage",
-                       label="fetched→parse"),
-    "store": StageSpec("store", ("crawl.parsed", "crawl.telemetry", "crawl.dead",
-                                 "crawl.lineage", "crawl.quarantines"),
-                       "consumers.store:StoreStage",
-                       label="parsed→store"),
-    "retry": StageSpec("retry", tuple(f"crawl.retry.{d}s" for d in RETRY_DELAYS_S),
-                       "consumers.retry:RetryStage",
-                       followers=tuple(f"crawl.retry.{d}s" for d in RETRY_DELAYS_S[1:]),
-                       state_topics=("crawl.timers",), label="retry", stores=("timers",)),
-    "quarantine": StageSpec("quarantine", ("crawl.blocks",),
-                            "streams.quarantine:QuarantineWorker",
-                            label="blocks→quarantine", analytics=True),
-}
-_REGISTERED: dict[str, StageSpec] = {}
-_TOPICS: dict[str, TopicDecl] = {}
-
-
-def register_stage(spec: StageSpec, topics: tuple[TopicDecl, ...] = ()) -> None:
-    """Add a stage (and the topics it writes) to every topology of this process.
-
-    A worker process learns user stages from the modules named in the ``stage_modules``
-    setting (``CRAWLFLEET_STAGE_MODULES``), which call this when imported; registering the
-    same declaration again is a no-op, a different one under a taken name an error.
-    """
-    for decl in topics:
-        if _TOPICS.get(decl.name, decl) != decl:
-            raise ValueError(f"topic {decl.name!r} is already declared otherwise")
-        _TOPICS[decl.name] = decl
-    if spec.name in _BUILTIN or _REGISTERED.get(spec.name, spec) != spec:
-        raise ValueError(f"stage {spec.name!r} is already declared")
-    if not spec.inputs or not set(spec.followers) <= set(spec.inputs[1:]):
-        raise ValueError(f"stage {spec.name!r}: inputs must be given, followers among them")
-    _REGISTERED[spec.name] = spec
-    _records.cache_clear()
-
-
-def unregister_stage(name: str, topics: tuple[str, ...] = ()) -> None:
-    """Forget a registered stage and the named topics (a test's own stage, after it)."""
-    _REGISTERED.pop(name, None)
-    for topic in topics:
-        _TOPICS.pop(topic, None)
-    _records.cache_clear()
-
-
-def declared_topics() -> tuple[TopicDecl, ...]:
-    """Topics the registered stages write, in the order they were declared."""
-    return tuple(_TOPICS.values())
-
-
-def declared_modules() -> tuple[str, ...]:
-    """Modules of the stages registered in this process (each declared where its worker
-    class lives): the ``stage_modules`` a child process needs to know them too."""
-    return tuple(sorted({spec.entry.partition(":")[0] for spec in _REGISTERED.values()}))
-
-
-def stages() -> tuple[str, ...]:
-    """Every stage of the pipeline: its own four, then those registered, in that order."""
-    return (*STAGES, *_REGISTERED)
-
-
-def analytics_stages() -> tuple[str, ...]:
-    """The analytics stages (:data:`ANALYTICS`): run and shown, never waited on."""
-    return ANALYTICS
-
-
-def stage_spec(stage: str) -> StageSpec:
-    spec = _BUILTIN.get(stage) or _REGISTERED.get(stage)
-    if spec is None:
-        raise KeyError(f"unknown stage {stage!r}; stages are {', '.join(stages())}")
-    return spec
-
 
 @dataclass(frozen=True)
 class TopicSpec:
@@ -266,11 +139,15 @@ class Topology:
 
     def state_topics(self, stage: str) -> list[str]:
         """Changelogs of ``stage`` that hold work (parked jobs, timers)."""
-        return [self.prefix + t for t in stage_spec(stage).state_topics]
+        return [self.prefix + s.changelog for s in stage_spec(stage).work_stores]
+
+    def outputs(self, stage: str) -> list[str]:
+        """The topics ``stage`` writes besides its stores' changelogs."""
+        return [self.prefix + t for t in stage_spec(stage).outputs]
 
     def record_of(self, topic: str) -> str:
         """The Avro record a topic carries."""
-        return _records(self)[topic]
+        return _records(self, generation())[topic]
 
     def retry_tier_for(self, wait_s: float) -> int:
         """Smallest retry delay that covers ``wait_s`` (the largest if none does)."""
@@ -280,50 +157,17 @@ class Topology:
         return RETRY_DELAYS_S[-1]
 
     def specs(self) -> list[TopicSpec]:
-        """Every topic crawlfleet uses, with its cleanup policy and retention."""
+        """Every declared topic, with its cleanup policy and retention."""
         n, r = self.partitions, self.replication
-        min_isr = "2" if r >= 3 else "1"
-        base = {"min.insync.replicas": min_isr}
-        week = str(7 * DAY_MS)
-
-        def t(name: str, record: str, cfg: dict[str, str], by_target: bool = True,
-              parts: int | None = None) -> TopicSpec:
-            return TopicSpec(name, record, by_target, parts or n, r, {**base, **cfg})
-
-        specs = [
-            t(self.frontier, "CrawlJob", {"cleanup.policy": "delete", "retention.ms": week}),
-            t(self.frontier_high, "CrawlJob", {"cleanup.policy": "delete", "retention.ms": week}),
-            t(self.fetched, "FetchResult", {"cleanup.policy": "delete", "retention.ms": week,
-                                            "max.message.bytes": str(16 * 1024 * 1024)}),
-            t(self.parsed, "ParsedPage", {"cleanup.policy": "delete", "retention.ms": week,
-                                          "max.message.bytes": str(16 * 1024 * 1024)}),
-            t(self.dead, "DeadLetter", {"cleanup.policy": "delete",
-                                        "retention.ms": str(30 * DAY_MS)}),
-            t(self.seen, "Seen", {"cleanup.policy": "compact,delete",
-                                  "retention.ms": str(self.seen_retention_ms),
-                                  "min.compaction.lag.ms": "60000"}),
-            # Partition-owned state stores: compacted, never expired (a parked job or a
-            # timer leaves only by its tombstone, written when the job moves on).
-            t(self.parked, "CrawlJob", {"cleanup.policy": "compact"}),
-            t(self.timers, "CrawlJob", {"cleanup.policy": "compact",
-                                        "message.timestamp.type": "LogAppendTime"}),
-            t(self.control, "Control", {"cleanup.policy": "compact"}, by_target=False, parts=1),
-            t(self.telemetry, "FetchEvent", {"cleanup.policy": "delete", "retention.ms": week}),
-            t(self.blocks, "FetchEvent", {"cleanup.policy": "delete", "retention.ms": week}),
-            t(self.lineage, "LineageEvent", {"cleanup.policy": "delete", "retention.ms": week}),
-            t(self.quarantines, "QuarantineEvent", {"cleanup.policy": "delete",
-                                                    "retention.ms": str(30 * DAY_MS)}),
-            # The quarantine app's table: one record per target, compacted (faust writes
-            # each partition's entries to the blocks partition of their target).
-            t(self.quarantine_changelog, "QuarantineCounts", {"cleanup.policy": "compact"}),
-        ]
-        # Retry tiers use the broker's clock for the record timestamp: the delay is measured
-        # from when the broker appended the record, never from a worker's clock.
-        specs += [t(self.retry(d), "CrawlJob", {"cleanup.policy": "delete", "retention.ms": week,
-                                                 "message.timestamp.type": "LogAppendTime"})
-                  for d in RETRY_DELAYS_S]
-        specs += [t(self.prefix + d.name, d.record, dict(d.config)) for d in _TOPICS.values()]
-        return specs
+        base = {"min.insync.replicas": "2" if r >= 3 else "1"}
+        out = []
+        for d in declared_topics():
+            cfg = {**base, **dict(d.config)}
+            if d.expiring:
+                cfg["retention.ms"] = str(self.seen_retention_ms)
+            out.append(TopicSpec(self.prefix + d.name, d.record, d.by_target, d.parts or n, r,
+                                 cfg))
+        return out
 
     def spec(self, name: str) -> TopicSpec:
         for s in self.specs():
@@ -333,7 +177,7 @@ class Topology:
 
 
 @lru_cache(maxsize=64)
-def _records(topology: Topology) -> dict[str, str]:
+def _records(topology: Topology, generation: int) -> dict[str, str]:
     return {s.name: s.record for s in topology.specs()}
 
 

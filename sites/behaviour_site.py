@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from sites.demo_site import canonical_url
+from sites.site_spec import canonical_url
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,15 @@
 Each poll batch is one Kafka transaction: its outputs and its input offsets commit
 together, so a crash anywhere replays the batch and downstream never sees a duplicate.
 
-A stage that owns state per partition (retry's timers) declares ``state_restore`` and
-answers the ``restore``/``restored``/``revoked`` hooks; the runtime does the rest
-(:mod:`streams.partition_restore`): new partitions pause until their state is restored off
+A stage that owns state per partition names its stores and timer stores in its
+``StageSpec`` (retry: one timer store); the runtime opens them, hands them to the stage as
+``self.context`` (:class:`~streams.stage_context.StageContext`), restores them on assign
+(:mod:`streams.partition_restore`: new partitions pause until their state is restored off
 the poll thread, then resume from the group's committed offsets, kept out of batches until
-then. A stage without it (parse) pays nothing for it.
+then), applies each batch's writes after it commits, fires due timers between polls into
+the stage's :meth:`BatchStage.on_timer`, and closes them. A stage without state (parse)
+pays nothing for it. A stage keeping state of another kind may still declare
+``state_restore`` and answer the ``restore``/``restored``/``revoked`` hooks itself.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from core.config import Settings
 from core.errors import DecodeError, FatalError, KafkaStageError
+from schemas.stages import stage_spec
 from streams.committer import TxnCommitter
 from streams.io import (
     FencedError,
@@ -37,9 +42,12 @@ from streams.partition_restore import TP, PartitionRestore, RestoreSpec
 from streams.restorer import Restored
 from streams.slow_start import SlowStart
 from streams.stage import Stage
+from streams.stage_context import StageContext
 from streams.worker import StopFlag
 
 log = logging.getLogger("crawlfleet.stage")
+#: A partition whose declared stores could not be restored is retried this often (paused).
+RESTORE_RETRY_S = 10.0
 
 
 class NotDueError(Exception):
@@ -72,12 +80,24 @@ class BatchStage(Stage):
         self.delivered: dict[tuple[str, int], int] = {}
         self._restores: PartitionRestore | None = None
         self._restore_consumer: Consumer | None = None  # the consumer of the last assign
-        if self.state_restore is not None:
-            if type(self).restore is BatchStage.restore:
-                raise TypeError(f"{type(self).__name__} declares state_restore but no restore")
-            self._restores = PartitionRestore(self.state_restore, self.stage, self.worker,
-                                              self.status, self.membership,
-                                              self._restore_parts)
+        spec = stage_spec(self.stage)
+        #: The stores and timer stores the stage declares, opened by the runtime.
+        self.context: StageContext | None = None
+        restore = self.state_restore
+        if restore is None and spec.state:
+            self.context = StageContext(settings, self.topology, spec, self.worker,
+                                        self.encoder, self.status)
+            self.changelogs = self.context.changelogs
+            names = ", ".join(spec.store_names)
+            restore = RestoreSpec(names, RESTORE_RETRY_S, restored=f"{names} of partitions",
+                                  failed=f"{names} store of partitions",
+                                  then=f"their inputs stay paused, retried every "
+                                       f"{RESTORE_RETRY_S:.0f} s")
+        elif restore is not None and type(self).restore is BatchStage.restore:
+            raise TypeError(f"{type(self).__name__} declares state_restore but no restore")
+        if restore is not None:
+            self._restores = PartitionRestore(restore, self.stage, self.worker, self.status,
+                                              self.membership, self._restore_parts)
 
     def run(self) -> None:
         try:
@@ -85,6 +105,8 @@ class BatchStage(Stage):
         finally:
             if self._restores is not None:
                 self._restores.close()  # a running restore writes to the stage's stores
+            if self.context is not None:
+                self.context.close()
 
     @abstractmethod
     def handle(self, msg: Message) -> list[Output]:
@@ -164,19 +186,31 @@ class BatchStage(Stage):
     # --- partition-owned state ------------------------------------------------------------
 
     def restore(self, parts: set[int]) -> tuple[set[int], Any]:
-        """Hook (restorer thread; with ``state_restore``): rebuild the local state of
-        ``parts`` from its changelogs. Returns (the partitions that could not be restored:
-        they stay paused and are retried, what :meth:`restored` gets as ``info``)."""
-        raise NotImplementedError
+        """Hook (restorer thread): rebuild the local state of ``parts`` from its
+        changelogs. Returns (the partitions that could not be restored: they stay paused and
+        are retried, what :meth:`restored` gets as ``info``). The declared stores'
+        restore is the runtime's; a stage with ``state_restore`` writes its own."""
+        if self.context is None:
+            raise NotImplementedError
+        return self.context.restore(parts)
 
     def restored(self, done: Restored, info: Any) -> None:
-        """Hook (with ``state_restore``): the partitions of ``done`` are usable (or failed);
-        ``info`` is what :meth:`restore` returned for them (None if it raised)."""
-        return
+        """Hook: the partitions of ``done`` are usable (or failed); ``info`` is what
+        :meth:`restore` returned for them (None if it raised)."""
+        if self.context is not None:
+            self.context.restored(done, info)
 
     def revoked(self, parts: set[int]) -> None:
-        """Hook (with ``state_restore``): ``parts`` moved: drop their local state."""
-        return
+        """Hook: ``parts`` moved: drop their local state."""
+        if self.context is not None:
+            self.context.revoked(parts)
+
+    def on_timer(self, timer: str, part: int, ident: bytes,
+                 record: dict[str, Any]) -> list[Output]:
+        """Hook (a stage with timer stores): the outputs of a due timer of ``timer`` in
+        partition ``part`` (``ident``: the id it was scheduled under, ``record`` its record);
+        they commit with the timer's tombstone."""
+        raise NotImplementedError(f"{type(self).__name__} declares timers but no on_timer")
 
     def _restore_parts(self, parts: set[int]) -> tuple[set[int], dict[TP, int], Any]:
         """Restorer thread: the group's committed offsets of ``parts``, then their state.
@@ -209,7 +243,8 @@ class BatchStage(Stage):
 
     def rolled_back(self) -> None:
         """Hook: in-memory state derived from uncommitted work must be forgotten."""
-        return
+        if self.context is not None:
+            self.context.rolled_back()
 
     def begin_batch(self) -> None:
         """Hook: called before each batch, when all earlier outputs are committed."""
@@ -220,13 +255,16 @@ class BatchStage(Stage):
 
         They commit in the batch's transaction, which then carries every input offset this
         generation has committed, so the broker fences a stale owner's commit even when no
-        input moved.
+        input moved. By default: the declared timers that are due (:meth:`on_timer`).
         """
-        return []
+        if self.context is None:
+            return []
+        return self.context.fire({p for _, p in self._committed}, self.on_timer)
 
     def committed(self) -> None:
         """Hook: the batch's transaction committed; apply the local state derived from it."""
-        return
+        if self.context is not None:
+            self.context.committed(self.delivered)
 
     def unusable(self) -> set[tuple[str, int]]:
         """Assigned partitions whose records must wait (state not restored yet)."""
@@ -271,6 +309,8 @@ class BatchStage(Stage):
             tp = tp_of(msg)
             if tp in held or tp in unusable:
                 continue  # unusable: read again from the committed offset once it is ready
+            if self.context is not None:
+                self.context.observe(msg)  # broker time, for the timers
             try:
                 outputs.extend(self.handle(msg))
                 self.status.add("processed")

@@ -25,10 +25,11 @@ from confluent_kafka import (
 
 from core import __version__
 from core.config import Settings
-from core.errors import CrawlfleetError, DecodeError, KafkaStageError
+from core.errors import CrawlfleetError, DecodeError, KafkaStageError, UndeclaredTopicError
 from schemas.codec import Codec, Headers, R, default_codec
 from schemas.keys import job_key
 from schemas.records import Control, CrawlJob, DeadLetter
+from schemas.stages import stage_spec
 from schemas.topics import Topology, partition_for
 
 
@@ -241,15 +242,33 @@ def offset_of(msg: Message) -> int:
 class Encoder:
     """Builds Outputs for the records crawlfleet produces, partitioned by target."""
 
-    def __init__(self, topology: Topology, worker: str, codec: Codec | None = None) -> None:
+    def __init__(self, topology: Topology, worker: str, codec: Codec | None = None,
+                 outputs: frozenset[str] | None = None) -> None:
         self.topology = topology
         self.codec = codec or default_codec()
         self.worker = worker
+        #: The topics a stage declared it writes (None: a publisher or a tool, unchecked).
+        self.outputs = outputs
+
+    @classmethod
+    def of_stage(cls, topology: Topology, stage: str, worker: str,
+                 codec: Codec | None = None) -> Encoder:
+        """A stage's encoder: it writes only the topics ``stage`` declares (its outputs and
+        its stores' changelogs), so the drawn topology is the one that runs."""
+        allowed = {*topology.outputs(stage), *(topology.prefix + t
+                                               for t in stage_spec(stage).changelogs)}
+        return cls(topology, worker, codec, frozenset(allowed))
+
+    def _check(self, topic: str) -> None:
+        if self.outputs is not None and topic not in self.outputs:
+            raise UndeclaredTopicError(f"{self.worker} wrote {topic}, which its stage does "
+                                       "not declare among its outputs")
 
     def record(self, topic: str, target: str, key: bytes,
                value: Mapping[str, Any] | None) -> Output:
         """A record for ``topic``, of the type the topology declares for it, on its target's
         partition (a tombstone when ``value`` is None)."""
+        self._check(topic)
         part = partition_for(target, self.topology.partitions)
         if value is None:
             return Output(topic, part, key, None, [])
@@ -259,6 +278,7 @@ class Encoder:
     def control(self, key: str, value: Control | None) -> Output:
         """A record for the single-partition control topic (a tombstone when None)."""
         topic = self.topology.control
+        self._check(topic)
         if value is None:
             return Output(topic, 0, key.encode(), None, [])
         payload, headers = self.codec.encode(self.topology.record_of(topic), value)

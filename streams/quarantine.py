@@ -39,8 +39,9 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from core.config import Settings
 from core.errors import DecodeError
 from schemas.codec import default_codec
+from schemas.pipeline import QUARANTINE_TABLE
 from schemas.records import FetchEvent, QuarantineCounts, QuarantineEvent
-from schemas.topics import HEADER_SCHEMA, QUARANTINE_TABLE, Topology
+from schemas.topics import HEADER_SCHEMA, Topology
 from streams.control import quarantine_key
 from streams.io import Encoder, Output
 from streams.quarantine_rules import Block, Issued, Rules, active, empty, is_empty, observe
@@ -122,7 +123,7 @@ class QuarantineWorker:
         self.rules = rules_of(settings)
         self.app_id = self.topology.quarantine_app
         self.issued_by = f"{self.app_id}/{self.worker}"
-        self.encoder = Encoder(self.topology, self.issued_by)
+        self.encoder = Encoder.of_stage(self.topology, self.stage, self.issued_by)
         self.codec = self.encoder.codec
         self._allowed: dict[str, tuple[str, ...]] = {}
         #: Each profile's egress pool: whom a block is blamed on (quarantine_rules).

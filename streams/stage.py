@@ -49,7 +49,7 @@ class Stage(ABC):
         self.topology = topology_of(settings)
         self.worker = worker_name(self.stage, worker_id, settings.data_dir / "workers")
         self.stop = stop if stop is not None else StopFlag()
-        self.encoder = Encoder(self.topology, self.worker, codec)
+        self.encoder = Encoder.of_stage(self.topology, self.stage, self.worker, codec)
         self.status = StatusFile(settings.status_dir, self.stage, self.worker)
         self.poll_gaps = PollGaps(self.status)
         #: The approved set of version tuples, enforced before and during every session.

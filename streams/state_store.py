@@ -229,6 +229,8 @@ class StateStore:
         # property as a method; at run time it is a settable attribute.
         self._write.disable_wal = True  # type: ignore[method-assign,assignment]
         self._closed = False
+        #: Objects the options refer to (a shared block cache), kept while the store lives.
+        self.keep_alive: tuple[object, ...] = ()
 
     # --- partitions ---------------------------------------------------------------------
 

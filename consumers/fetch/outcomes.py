@@ -33,8 +33,9 @@ from core.versions import FETCHER_VERSION, HTTP_LIB_VERSION, TLS_LIB_VERSION, co
 from producers.replay import without_replay
 from schemas.keys import REDIRECT_HOPS
 from schemas.lineage import ENQUEUED, lineage_event
+from schemas.pipeline import RETRY_DELAYS_S
 from schemas.records import CrawlJob, FetchResult, Seen, SeenState
-from schemas.topics import RETRY_DELAYS_S, Topology
+from schemas.topics import Topology
 from streams.io import Encoder, Output
 from streams.ledger import Pending
 

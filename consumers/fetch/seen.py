@@ -20,11 +20,8 @@ reserved keys, which it refuses to write); values are the compact :func:`encode_
 TTL's: ``crawl.seen`` forgets a key after its retention, so the store does too (a read hides
 it, ``sweep`` deletes it, a restore drops a record older than the TTL by its timestamp).
 
-Memory does not grow with the key count: one small LRU block cache per store (shared by its
-partitions) holds data, index and filter blocks; memtables are bounded by a write-buffer manager
-charged to that cache. Index and bloom filters are *partitioned*: a monolithic filter of a few
-MB is larger than one shard of a 16 MB sharded cache, so it would be re-read on every get (we
-measured ~70x slower gets at 2M keys). Small SST files bound what a compaction builds in memory.
+Memory does not grow with the key count: the store is declared with the runtime's ``large``
+tuning (:mod:`streams.store_open`: a bounded block cache, partitioned filters).
 """
 
 from __future__ import annotations
@@ -35,32 +32,19 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from confluent_kafka import Message
-from rocksdict import (
-    BlockBasedIndexType,
-    BlockBasedOptions,
-    Cache,
-    DBCompressionType,
-    Options,
-    WriteBufferManager,
-)
 
 from core.config import Settings
 from core.errors import DecodeError
 from schemas.codec import Codec
 from schemas.records import Seen
+from schemas.stages import StoreDecl
 from streams.io import raw_value
 from streams.state_store import StateStore, Transform
+from streams.store_open import open_declared, open_store
 
 log = logging.getLogger("crawlfleet.seen")
 
 DONE, RETRYING, DEAD = "DONE", "RETRYING", "DEAD"
-
-#: Memory budget of one store (all its partitions): block cache, with memtables charged to it.
-BLOCK_CACHE_BYTES = 16 * 1024 * 1024
-WRITE_BUFFER_BYTES = 8 * 1024 * 1024  # total memtable budget of the store (inside the cache)
-MEMTABLE_BYTES = 4 * 1024 * 1024  # one memtable of one partition
-TARGET_FILE_BYTES = 8 * 1024 * 1024  # SST size: a compaction holds one file's index/filter
-LEVEL_BASE_BYTES = 32 * 1024 * 1024  # levels form early: a flush is not merged into everything
 
 #: Layout of a partition's DB; another layout is wiped and rebuilt from the changelog.
 FORMAT = b"seen-v2"  # v2: values carry their write time (the TTL)
@@ -127,36 +111,6 @@ def _written_of(raw: bytes) -> int | None:
     return _entry(raw)[1]
 
 
-def seen_options(cache: Cache, wbm: WriteBufferManager) -> Options:
-    """RocksDB options of the dedupe store's DBs: ``cache`` and ``wbm`` are shared by all of
-    a store's partitions (see the module docstring)."""
-    table = BlockBasedOptions()
-    table.set_block_cache(cache)
-    table.set_bloom_filter(10, False)  # full filter, ~1% false positives: cheap misses
-    table.set_cache_index_and_filter_blocks(True)  # index/filters live in the cache too
-    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
-    table.set_index_type(BlockBasedIndexType.two_level_index_search())
-    table.set_partition_filters(True)  # only the small top level stays pinned
-    table.set_pin_top_level_index_and_filter(True)
-    table.set_format_version(5)
-    opts = Options(raw_mode=True)
-    opts.create_if_missing(True)
-    opts.set_block_based_table_factory(table)
-    opts.set_write_buffer_manager(wbm)
-    opts.set_write_buffer_size(MEMTABLE_BYTES)
-    opts.set_max_write_buffer_number(2)
-    opts.set_compression_type(DBCompressionType.lz4())
-    opts.set_bottommost_compression_type(DBCompressionType.zstd())
-    opts.set_level_compaction_dynamic_level_bytes(True)
-    opts.set_max_background_jobs(2)
-    opts.set_target_file_size_base(TARGET_FILE_BYTES)
-    opts.set_max_bytes_for_level_base(LEVEL_BASE_BYTES)
-    opts.set_max_open_files(256)
-    opts.set_keep_log_file_num(2)  # every open rolls RocksDB's info LOG
-    opts.set_max_log_file_size(1024 * 1024)
-    return opts
-
-
 def restored_value(codec: Codec) -> Transform:
     """Changelog record (Avro ``Seen``) → the stored value, its write time the record's
     timestamp (None: undecodable, skipped: never a crash loop on one record)."""
@@ -177,14 +131,23 @@ def restored_value(codec: Codec) -> Transform:
 class SeenStore:
     """key (profile|canonical URL) → (state, attempt), one RocksDB per owned partition."""
 
-    def __init__(self, directory: Path | None = None, ttl_s: float | None = None) -> None:
-        self._cache = Cache(BLOCK_CACHE_BYTES)
-        self._wbm = WriteBufferManager.new_write_buffer_manager_with_cache(
-            WRITE_BUFFER_BYTES, False, self._cache)
-        #: The partitions' DBs, checkpoints, restore and TTL (keys older than ``ttl_s`` are
-        #: gone, as they are from the changelog through its retention).
-        self.store = StateStore("seen", directory, options=seen_options(self._cache, self._wbm),
-                                format_tag=FORMAT, ttl_s=ttl_s, written_of=_written_of)
+    def __init__(self, store: StateStore) -> None:
+        #: The partitions' DBs, checkpoints, restore and TTL (keys older than the TTL are
+        #: gone, as they are from the changelog through its retention), opened by the
+        #: runtime as the stage declares the store.
+        self.store = store
+
+    @classmethod
+    def declared(cls, decl: StoreDecl, settings: Settings, worker: str) -> SeenStore:
+        """The fetch stage's declared ``seen`` store of ``worker``, opened by the runtime."""
+        return cls(open_declared(decl, settings, worker, format_tag=FORMAT,
+                                 written_of=_written_of))
+
+    @classmethod
+    def at(cls, directory: Path | None = None, ttl_s: float | None = None) -> SeenStore:
+        """A seen store in ``directory`` (a temporary one if None): tools and tests."""
+        return cls(open_store("seen", directory, tuning="large", format_tag=FORMAT,
+                              ttl_s=ttl_s, written_of=_written_of))
 
     @property
     def directory(self) -> Path:

@@ -43,6 +43,7 @@ from consumers.fetch.scheduler import TargetScheduler
 from consumers.fetch.seen import SeenStore
 from consumers.fetch.stores import FetchStores
 from consumers.fetch.target_policy import TargetPolicy
+from schemas.stages import stage_spec
 from schemas.topics import partition_for
 from streams.async_session import AsyncSession
 from streams.control import ControlState
@@ -52,7 +53,7 @@ from streams.membership import Membership
 from streams.restorer import Restored
 from streams.slow_start import SlowStart
 from streams.stage import Stage
-from streams.state_store import StateStore, store_dir
+from streams.store_open import open_declared
 
 log = logging.getLogger("crawlfleet.fetch")
 TP = tuple[str, int]
@@ -119,8 +120,9 @@ class _Session:
             self._base_interval, limit=self.s.max_inflight_per_target,
             taken_over_at=lambda t: self.taken_over.get(
                 partition_for(t, self.topo.partitions), float("-inf")))
-        self.seen = SeenStore(store_dir(self.s, "seen", stage.worker), ttl_s=self.s.seen_ttl_s)
-        self.parked = ParkedQueues(StateStore("parked", store_dir(self.s, "parked", stage.worker)),
+        spec = stage_spec(stage.stage)  # its stores, opened as declared
+        self.seen = SeenStore.declared(spec.store("seen"), self.s, stage.worker)
+        self.parked = ParkedQueues(open_declared(spec.store("parked"), self.s, stage.worker),
                                    self.topo.partitions)
         self.stores = FetchStores(self.s, self.topo, self.enc, self.seen, self.parked,
                                   Membership(self.topo, "fetch"))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from confluent_kafka import Message
 
 from schemas.records import ParsedPage
-from schemas.topics import StageSpec, TopicDecl, register_stage
+from schemas.stages import StageSpec, TopicDecl, register_stage
 from streams.batch_stage import BatchStage
 from streams.io import Output
 
@@ -26,6 +26,6 @@ class ArchiveStage(BatchStage):
 
 
 SPEC = StageSpec("archive", ("crawl.parsed",), f"{__name__}:ArchiveStage",
-                 label="parsed→archive")
+                 outputs=(ARCHIVE,), label="parsed→archive")
 TOPICS = (TopicDecl(ARCHIVE, "ParsedPage"),)
 register_stage(SPEC, TOPICS)  # on import: a worker process learns it from stage_modules

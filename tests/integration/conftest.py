@@ -22,7 +22,7 @@ from core.errors import InfraError
 from crawlfleet.crawl import Fleet, Plan
 from infra import kafka_local
 from infra.topics import create_topics, delete_topics
-from sites.demo_site import free_port
+from sites.demo_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_PORT = 28092  # below the ephemeral port range, like every broker port here

@@ -27,7 +27,7 @@ from fleet_helpers import (
 
 from core.config import Settings
 from sites.behaviour_site import Behaviour, BehaviourSite
-from sites.demo_site import free_port
+from sites.demo_server import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -34,7 +34,7 @@ from crawlfleet.crawl import settings_env
 from infra.views import expand, load_views
 from schemas.topics import partition_for
 from sites.behaviour_site import Behaviour, BehaviourSite
-from sites.demo_site import free_port
+from sites.demo_server import free_port
 
 pytestmark = pytest.mark.integration
 

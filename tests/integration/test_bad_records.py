@@ -32,7 +32,7 @@ from core.errors import DecodeError
 from infra.topics import topology_of
 from schemas.codec import default_codec
 from schemas.topics import HEADER_SCHEMA
-from sites.demo_site import free_port
+from sites.demo_server import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -26,7 +26,7 @@ from core.config import Settings
 from infra.topics import create_topics, topology_of
 from producers import control
 from sites.behaviour_site import Behaviour, BehaviourSite
-from sites.demo_site import free_port
+from sites.demo_server import free_port
 
 pytestmark = pytest.mark.integration
 

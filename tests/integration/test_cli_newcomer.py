@@ -17,7 +17,8 @@ from confluent_kafka.admin import AdminClient
 from core.config import Settings
 from infra.clickhouse import Store
 from infra.topics import create_topics
-from sites.demo_site import DemoSite, demo_spec
+from sites.demo_pages import demo_spec
+from sites.demo_server import DemoSite
 
 pytestmark = pytest.mark.integration
 

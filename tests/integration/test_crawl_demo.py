@@ -17,7 +17,9 @@ from crawlfleet.crawl import Plan, run_crawl
 from infra.store_query import run_query
 from infra.topics import topology_of
 from infra.views import expand, load_views
-from sites.demo_site import USER_AGENT, DemoSite, demo_spec
+from sites.demo_pages import demo_spec
+from sites.demo_server import DemoSite
+from sites.site_spec import USER_AGENT
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,8 @@ from rich.console import Console
 from core.config import Settings
 from crawlfleet.crawl import Plan, run_crawl
 from infra.store_query import run_query
-from sites.demo_site import DemoSite, bench_spec
+from sites.bench_site import bench_spec
+from sites.demo_server import DemoSite
 
 pytestmark = pytest.mark.integration
 

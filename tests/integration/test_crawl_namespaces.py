@@ -29,7 +29,9 @@ from confluent_kafka.admin import AdminClient
 from core.config import Settings
 from core.errors import InfraError
 from infra.topics import NamespaceTakenError, create_topics, delete_topics, topology_of
-from sites.demo_site import DemoSite, SiteSpec, demo_spec
+from sites.demo_pages import demo_spec
+from sites.demo_server import DemoSite
+from sites.site_spec import SiteSpec
 
 pytestmark = pytest.mark.integration
 

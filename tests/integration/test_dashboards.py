@@ -26,7 +26,7 @@ from crawlfleet.crawl import settings_env
 from infra.store_query import run_query
 from infra.views import GRAFANA_JSON, expand, load_views
 from sites.behaviour_site import Behaviour, BehaviourSite
-from sites.demo_site import free_port
+from sites.demo_server import free_port
 
 pytestmark = pytest.mark.integration
 

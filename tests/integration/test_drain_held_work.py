@@ -27,7 +27,7 @@ from crawlfleet.crawl import Fleet, _watch
 from crawlfleet.top import FleetView, render
 from infra.topics import topology_of
 from producers.frontier import PublishReport, jobs_from_lines
-from schemas.topics import stages
+from schemas.stages import stages
 from sites.behaviour_site import Behaviour, BehaviourSite
 from streams.io import Encoder
 from streams.status import holds_work, read_statuses

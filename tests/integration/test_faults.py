@@ -43,7 +43,9 @@ from fleet_helpers import (
 from core.config import Settings
 from infra.topics import topology_of
 from schemas.topics import HEADER_SCHEMA, Topology, partition_for
-from sites.demo_site import DemoSite, bench_spec, demo_spec, free_port
+from sites.bench_site import bench_spec
+from sites.demo_pages import demo_spec
+from sites.demo_server import DemoSite, free_port
 
 pytestmark = pytest.mark.integration
 

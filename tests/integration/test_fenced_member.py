@@ -28,7 +28,8 @@ from fleet_helpers import (
 
 from core.config import Settings
 from infra.topics import topology_of
-from sites.demo_site import DemoSite, demo_spec
+from sites.demo_pages import demo_spec
+from sites.demo_server import DemoSite
 from streams.io import consumer_conf
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from crawlfleet.crawl import Fleet
 from producers.frontier import publish
 from schemas.topics import partition_for
 from sites.behaviour_site import Behaviour, BehaviourSite
-from sites.demo_site import free_port
+from sites.demo_server import free_port
 from streams.status import read_statuses
 from tests.integration.fleet_helpers import query, store_ready, wait_until
 

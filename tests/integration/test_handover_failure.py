@@ -36,7 +36,7 @@ from fleet_helpers import (
 from core.config import Settings
 from infra.topics import topology_of
 from sites.behaviour_site import Behaviour, BehaviourSite
-from sites.demo_site import free_port
+from sites.demo_server import free_port
 from streams.membership import Membership
 
 pytestmark = pytest.mark.integration

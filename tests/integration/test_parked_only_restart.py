@@ -29,7 +29,7 @@ from core.config import Settings
 from infra.live_state import live_entries
 from infra.topics import topology_of
 from sites.behaviour_site import Behaviour, BehaviourSite
-from sites.demo_site import free_port
+from sites.demo_server import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,8 @@ from aiohttp import web
 from core.config import Settings
 from crawlfleet.crawl import Fleet, Plan
 from producers.frontier import publish
-from sites.demo_site import DemoSite, bench_spec
+from sites.bench_site import bench_spec
+from sites.demo_server import DemoSite
 
 pytestmark = pytest.mark.integration
 BURST = 1  # declared: at most cap + 1 requests to a target in any 1-second window

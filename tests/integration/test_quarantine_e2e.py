@@ -30,7 +30,7 @@ from core.config import Settings
 from crawlfleet.crawl import Fleet
 from producers.frontier import publish
 from sites.behaviour_site import Behaviour, BehaviourSite
-from sites.demo_site import free_port
+from sites.demo_server import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -17,13 +17,13 @@ import pytest
 from confluent_kafka import Producer
 
 from consumers.retry import RetryStage
-from consumers.timers import due_of
 from core.config import Settings
 from infra.topics import topology_of
 from producers.frontier import parse_line
 from schemas.keys import job_key
 from schemas.topics import Topology, partition_for
 from streams.io import Encoder, producer_conf
+from streams.timers import due_of
 from streams.worker import StopFlag
 from tests.integration.fleet_helpers import (
     Record,
@@ -117,7 +117,9 @@ def test_a_short_delay_is_not_held_behind_an_hour_long_one(settings: Settings,
     assert len({partition_for(str(j["target"]), settings.topic_partitions)
                 for j in (hour, short, neighbour)}) == 1
     stage = stage_thread
-    wait_until(lambda: stage.store.partitions() == set(range(settings.topic_partitions)), 60,
+    assert stage.context is not None
+    timers = stage.context.timer("timers")
+    wait_until(lambda: timers.store.partitions() == set(range(settings.topic_partitions)), 60,
                "the retry stage to own and restore every partition")
     _write(settings, topo.retry(2), [hour, short, neighbour])
 
@@ -140,7 +142,7 @@ def test_a_short_delay_is_not_held_behind_an_hour_long_one(settings: Settings,
         str(hour["target"]), settings.topic_partitions)}
     wait_until(lambda: stage.status.gauges.get("timers") == 1, 10, "the timers gauge")
     part = partition_for(host, settings.topic_partitions)
-    assert [k for k, _ in stage.store.scan(part)] == pending
+    assert [k for k, _ in timers.scan(part)] == pending
     # The fired jobs kept their attempt and reason; their delay was spent.
     from schemas.codec import default_codec
     fired_jobs = [default_codec().decode("CrawlJob", r.value, r.headers)

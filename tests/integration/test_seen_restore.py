@@ -127,7 +127,7 @@ def test_restore_reads_only_the_tail_after_the_checkpoint(settings: Settings, lo
     assert other_p != p
     log_.txn([(_key("x", OTHER_TARGET), (DONE, 0))], target=OTHER_TARGET)
 
-    store = SeenStore(tmp_path / "seen" / "w1")
+    store = SeenStore.at(tmp_path / "seen" / "w1")
     try:
         n = store.restore(settings, log_.topic, [p], codec, timeout_s=60)
         assert n == 42
@@ -181,7 +181,7 @@ _CRASHING_WORKER = textwrap.dedent("""
                       allow_private=True)
     topo = topology_of(s)
     enc = Encoder(topo, "crash")
-    store = SeenStore(Path(directory))
+    store = SeenStore.at(Path(directory))
     p = int(partition)
     store.restore(s, topo.seen, [p], enc.codec, timeout_s=60)
     store.drop(p)                      # revoked: files (checkpoint) kept
@@ -220,7 +220,7 @@ def test_restore_after_crash_converges_to_committed_state(settings: Settings, lo
               (_key("late"), (RETRYING, 1))])
     log_.txn([(_key(6), (DONE, 7))], commit=False)
 
-    store = SeenStore(directory)
+    store = SeenStore.at(directory)
     try:
         n = store.restore(settings, log_.topic, [p], codec, timeout_s=60)
         # From the checkpoint the crashed worker had persisted (its drop flushed it): its own
@@ -241,7 +241,7 @@ def test_checkpoint_of_another_log_is_rebuilt(settings: Settings, log_: Changelo
     codec = log_.enc.codec
     log_.txn([(_key(i), (DONE, 0)) for i in range(20)])
     directory = tmp_path / "seen" / "w1"
-    store = SeenStore(directory)
+    store = SeenStore.at(directory)
     assert store.restore(settings, log_.topic, [p], codec, timeout_s=60) == 20
     store.close()
 
@@ -250,7 +250,7 @@ def test_checkpoint_of_another_log_is_rebuilt(settings: Settings, log_: Changelo
     log2 = Changelog(other)
     assert log2.partition() == p
     log2.txn([(_key("only-here"), (DEAD, 1))])
-    store = SeenStore(directory)
+    store = SeenStore.at(directory)
     try:
         assert store.restore(other, log2.topic, [p], codec, timeout_s=60) == 1
         assert store.get(p, _key("only-here")) == (DEAD, 1)

@@ -17,7 +17,7 @@ from core.config import Settings
 from crawlfleet.crawl import settings_env
 from producers import control
 from sites.behaviour_site import Behaviour, BehaviourSite
-from sites.demo_site import free_port
+from sites.demo_server import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -20,19 +20,11 @@ import pytest
 from protego import Protego
 from selectolax.lexbor import LexborHTMLParser
 
-from sites.demo_site import (
-    USER_AGENT,
-    DemoSite,
-    Page,
-    ShapeSite,
-    SiteSpec,
-    bench_spec,
-    canonical_url,
-    demo_spec,
-    free_port,
-    shape_spec,
-    with_crawl_delay,
-)
+from sites.bench_site import bench_spec
+from sites.demo_pages import demo_spec
+from sites.demo_server import DemoSite, free_port, with_crawl_delay
+from sites.shapes import ShapeSite, shape_spec
+from sites.site_spec import USER_AGENT, Page, SiteSpec, canonical_url
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 
@@ -315,7 +307,7 @@ def test_reference_crawl_of_small_bench_site_matches_expected() -> None:
 
 
 def test_rate_log_reports_per_host_requests(port: int, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="sites.demo_site")
+    caplog.set_level(logging.INFO, logger="sites.demo_server")
     with DemoSite(demo_spec(port, HOSTS), rate_limit_log=True):
         for _ in range(3):
             get(f"http://127.0.0.3:{port}/")

@@ -16,7 +16,8 @@ from yamllint import config as yl_config
 from yamllint import linter
 
 from core.config import SECRET_FIELDS, SETTING_DEFAULTS, Settings
-from schemas.topics import STAGES, Topology
+from schemas.stages import stages
+from schemas.topics import Topology
 from streams.io import transaction_timeout_ms
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +56,7 @@ def test_scaled_objects_validate_against_kedas_crd() -> None:
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
     schema = version["schema"]["openAPIV3Schema"]
     scaled = _kind("ScaledObject")
-    assert len(scaled) == len(STAGES)
+    assert len(scaled) == len(stages())
     for doc in scaled:
         jsonschema.validate(doc, schema)
 
@@ -90,7 +91,7 @@ def test_every_variable_is_a_setting_and_secrets_stay_in_the_secret() -> None:
         assert _valid_setting(var), var
     assert not any("DSN" in k or "PASSWORD" in k for k in _config())
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
-    for name in STAGES:
+    for name in stages():
         env = compose["services"][name]["environment"]
         assert all(_valid_setting(k) for k in env if k.startswith("CRAWLFLEET_")), env
         assert "CRAWLFLEET_CLICKHOUSE_DSN" not in env  # from the secret file only
@@ -104,7 +105,7 @@ def test_each_stage_is_a_statefulset_scaled_on_its_own_group_within_the_partitio
     grace = transaction_timeout_ms(Settings()) / 1000
     by_stage = {d["metadata"]["name"].removeprefix("crawlfleet-"): d
                 for d in _kind("StatefulSet")}
-    assert set(by_stage) == set(STAGES)
+    assert set(by_stage) == set(stages())
     for stage, sts in by_stage.items():
         pod = sts["spec"]["template"]["spec"]
         (box,) = pod["containers"]
@@ -119,7 +120,7 @@ def test_each_stage_is_a_statefulset_scaled_on_its_own_group_within_the_partitio
         assert trigger["metadata"]["consumerGroup"] == topo.group(stage)
         assert so["spec"]["maxReplicaCount"] == topo.partitions
     pdbs = {d["metadata"]["name"] for d in _kind("PodDisruptionBudget")}
-    assert pdbs == {f"crawlfleet-{s}" for s in STAGES}
+    assert pdbs == {f"crawlfleet-{s}" for s in stages()}
 
 
 def test_the_image_copies_every_package_it_installs() -> None:

@@ -75,8 +75,9 @@ def test_only_the_store_behind_reads_as_the_tail_never_as_calm() -> None:
     from types import SimpleNamespace
 
     from crawlfleet.crawl import _calm
-    from crawlfleet.fleet import STORE_STAGES, Plan
-    from schemas.topics import stages
+    from crawlfleet.fleet import Plan
+    from schemas.stages import stages, stages_where
+    STORE_STAGES = stages_where("store_owner")
     fleet: Any = SimpleNamespace(plan=Plan())
     statuses = [status(f"{s}-0", s, 0.1) for s in stages()]
     calm_lags = dict.fromkeys(stages(), 0)

@@ -16,7 +16,7 @@ from consumers.fetch.http import Fetcher, Response
 from core.config import Settings
 from core.urls import resolve_link
 from schemas.codec import default_codec
-from sites.demo_site import free_port
+from sites.demo_server import free_port
 
 HOST = "127.0.0.2"
 ANSWERS = {

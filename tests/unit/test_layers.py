@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tomllib
@@ -61,14 +62,41 @@ def test_the_fetch_session_is_wiring_only() -> None:
     assert end - start <= 300, end - start
 
 
-def test_no_module_outside_the_sites_is_over_600_lines() -> None:
-    """Issue 18: a module that grows past 600 lines mixes concerns; the local sites of the
-    demo and the tests (``sites/``) are the exception: each is one site."""
+def test_no_module_is_over_600_lines() -> None:
+    """Issue 18: a module that grows past 600 lines mixes concerns; the rule holds for the
+    local sites (``sites/``) and the benchmarks (``bench/``) too."""
     big = {}
     for package in ("crawlfleet", "chaos", "core", "schemas", "producers", "consumers",
-                    "streams", "infra"):
+                    "streams", "infra", "sites", "bench"):
         for path in (ROOT / package).rglob("*.py"):
             n = len(path.read_text().splitlines())
             if n > 600:
                 big[str(path.relative_to(ROOT))] = n
     assert not big, big
+
+
+PRODUCT = ("crawlfleet", "chaos", "core", "schemas", "producers", "consumers", "streams",
+           "infra")
+
+
+def _product_sources() -> list[tuple[str, str]]:
+    return [(str(path.relative_to(ROOT)), path.read_text())
+            for package in PRODUCT for path in (ROOT / package).rglob("*.py")]
+
+
+def test_state_stores_are_made_by_the_runtime_alone() -> None:
+    """Issue 46: a stage names its stores; only ``streams/`` constructs a ``StateStore``."""
+    makers = [name for name, text in _product_sources()
+              if "StateStore(" in text.replace("class StateStore(", "")
+              and not name.startswith("streams/")]
+    assert makers == []
+
+
+def test_no_stage_name_tuple_outside_the_topology() -> None:
+    """Issue 46: every list of stages is read from the registry; only the pipeline's own
+    declarations (``schemas/pipeline.py``) spell the stage names as a collection."""
+    names = r'"(?:fetch|parse|store|retry|quarantine)"'
+    collection = re.compile(rf"[(\[]\s*{names}\s*,|{{\s*{names}\s*[,:}}]")
+    found = [f"{name}: {m.group(0)}" for name, text in _product_sources()
+             if name != "schemas/pipeline.py" for m in collection.finditer(text)]
+    assert found == []

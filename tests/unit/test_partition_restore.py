@@ -346,7 +346,8 @@ def test_retry_resumes_every_tier_where_the_group_committed_with_its_timers_coun
         tmp_path: Path, committed: dict[TP, int], monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     def restore(self: RetryStage, parts: set[int]) -> tuple[set[int], Any]:
-        return {6} & parts, {p: 10 + p for p in parts - {6}}  # no broker: stubbed
+        # no broker: stubbed (live timers per timer store and partition)
+        return {6} & parts, {"timers": {p: 10 + p for p in parts - {6}}}
 
     monkeypatch.setattr(RetryStage, "restore", restore)
     stage = RetryStage(_settings(tmp_path), "retry-t")
@@ -357,28 +358,30 @@ def test_retry_resumes_every_tier_where_the_group_committed_with_its_timers_coun
         _assign(stage, consumer, [2, 6])
         assert stage.held_partitions() == 2
         _settle(stage._restores.restorer)  # type: ignore[union-attr]
-        with caplog.at_level(logging.INFO, logger="crawlfleet.retry"):
+        with caplog.at_level(logging.INFO, logger="crawlfleet.stage"):
             stage.begin_batch()  # nothing of its own left before a batch
             stage._use_restored()
         assert sorted(consumer.of("seek")) == sorted(
             [(tiers[0], 2, OFFSET_BEGINNING), (tiers[1], 2, 12), (tiers[2], 2, OFFSET_BEGINNING)])
         assert stage._committed == {(tiers[1], 2): 12}
-        assert stage._counts == {2: 12}
+        assert stage.context is not None and stage.context.usable() == {2}
+        assert stage.context.timers_live() == 12
         assert stage.status.gauges["timers"] == 12
         assert stage.status.gauges["restore_failing"] == 1
         assert stage.held_partitions() == 1
         assert stage.unusable() == {(t, 6) for t in tiers}
         assert "retry retry-t: timers of partitions [2] restored in" in caplog.text
-        assert ("retry retry-t: timer store of partitions [6] could not be restored; their "
-                "tiers stay paused, retried every 10 s") in caplog.text
+        assert ("retry retry-t: timers store of partitions [6] could not be restored; their "
+                "inputs stay paused, retried every 10 s") in caplog.text
 
         stage._on_revoke(consumer, stage.membership.expand(  # type: ignore[arg-type]
             [TopicPartition(tiers[0], 2), TopicPartition(tiers[0], 6)]))
-        assert stage._counts == {} and stage.status.gauges["timers"] == 0
+        assert stage.context.usable() == set() and stage.context.timers_live() == 0
+        assert stage.status.gauges["timers"] == 0
         assert stage._committed == {} and stage.held_partitions() == 0
     finally:
         stage._restores.close()  # type: ignore[union-attr]
-        stage.store.close()
+        stage.context.close()  # type: ignore[union-attr]
 
 
 # --- the fetch stage's runtime --------------------------------------------------------------

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.polite_bench import Politeness, join_ratio, parse_counts
+from bench.polite_analysis import Politeness, join_ratio
+from bench.polite_bench import parse_counts
 
 
 def _run(pages: int, publish_s: float, start_s: float, workers: int = 2,

@@ -54,7 +54,7 @@ def test_proc_costs_samples_a_live_process_by_role() -> None:
 
 
 def test_crawl_timeline_splits_the_time_outside_crawling() -> None:
-    from bench.shapes_bench import crawlfleet_timeline
+    from bench.shapes_report import crawlfleet_timeline
     line = crawlfleet_timeline({
         "phases": {"first_fetch": 2.5, "last_store": 20.0, "drained": 20.25, "ended": 21.0},
         "hop_ms": {"p50": 12.0, "p90": 30.0, "p99": 61.0, "n": 2996.0}})

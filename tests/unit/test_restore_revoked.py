@@ -35,7 +35,7 @@ def test_a_dropped_partition_of_a_state_store_starts_at_the_end(tmp_path: Path) 
 
 
 def test_a_dropped_partition_of_the_seen_store_starts_at_the_end(tmp_path: Path) -> None:
-    store = SeenStore(tmp_path / "seen")
+    store = SeenStore.at(tmp_path / "seen")
     for p in (0, 1):
         store.open(p)
     store.drop(0)

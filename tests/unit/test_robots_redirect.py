@@ -18,7 +18,7 @@ from consumers.fetch.robots_cache import RobotsCache
 from core import errors
 from core.config import Settings
 from core.errors import ForbiddenAddressError
-from sites.demo_site import free_port
+from sites.demo_server import free_port
 
 ALLOWED, REFUSED = "127.0.0.2", "127.0.0.3"
 

@@ -11,7 +11,7 @@ from typing import Any
 from consumers.sampler import QueueSampler
 from core.config import Settings
 from infra.topics import topology_of
-from schemas.topics import stages
+from schemas.stages import stages
 
 
 class _Probe:

@@ -56,7 +56,7 @@ def test_value_codec_rejects_unknown_state() -> None:
 
 
 def test_put_get_and_closed_partitions_ignored(tmp_path: Path) -> None:
-    store = SeenStore(tmp_path / "seen")
+    store = SeenStore.at(tmp_path / "seen")
     try:
         store.open(0)
         store.open(3)
@@ -79,7 +79,7 @@ def test_put_get_and_closed_partitions_ignored(tmp_path: Path) -> None:
 
 
 def test_reserved_keys_never_collide(tmp_path: Path) -> None:
-    store = SeenStore(tmp_path)
+    store = SeenStore.at(tmp_path)
     try:
         store.open(0)
         assert store.checkpoint(0) == 0
@@ -92,7 +92,7 @@ def test_reserved_keys_never_collide(tmp_path: Path) -> None:
 
 def test_drop_then_reopen_keeps_data_on_disk(tmp_path: Path) -> None:
     directory = tmp_path / "seen" / "w1"
-    store = SeenStore(directory)
+    store = SeenStore.at(directory)
     store.open(5)
     store.put_many((5, f"default|http://h.test/{i}", DONE, i % 3) for i in range(1000))
     store.drop(5)
@@ -106,7 +106,7 @@ def test_drop_then_reopen_keeps_data_on_disk(tmp_path: Path) -> None:
     assert store.get(5, "default|http://h.test/late") is None
     store.close()
 
-    again = SeenStore(directory)  # a new store (next membership / process) on the same files
+    again = SeenStore.at(directory)  # a new store (next membership / process) on the same files
     try:
         again.open(5)
         assert again.get(5, "default|http://h.test/500") == (DONE, 2)
@@ -116,7 +116,7 @@ def test_drop_then_reopen_keeps_data_on_disk(tmp_path: Path) -> None:
 
 
 def test_len_estimates_key_count(tmp_path: Path) -> None:
-    store = SeenStore(tmp_path)
+    store = SeenStore.at(tmp_path)
     try:
         assert len(store) == 0
         store.open(0)
@@ -131,7 +131,7 @@ def test_len_estimates_key_count(tmp_path: Path) -> None:
 
 
 def test_temp_directory_removed_on_close() -> None:
-    store = SeenStore()
+    store = SeenStore.at()
     directory = store.directory
     store.open(0)
     store.put_many([(0, "p|http://x.test/", DONE, 0)])
@@ -142,7 +142,7 @@ def test_temp_directory_removed_on_close() -> None:
 
 
 def test_one_directory_one_owner(tmp_path: Path) -> None:
-    first, second = SeenStore(tmp_path), SeenStore(tmp_path)
+    first, second = SeenStore.at(tmp_path), SeenStore.at(tmp_path)
     try:
         first.open(0)
         with pytest.raises(InfraError, match="same worker id"):
@@ -171,7 +171,7 @@ def _age(store: SeenStore, partition: int, key: str, seconds: float) -> None:
 
 def test_keys_expire_after_the_ttl_and_a_sweep_deletes_them(tmp_path: Path) -> None:
     """The changelog forgets a key after its retention: so does the local store."""
-    store = SeenStore(tmp_path, ttl_s=3600)
+    store = SeenStore.at(tmp_path, ttl_s=3600)
     try:
         store.open(0)
         store.open(1)
@@ -192,7 +192,7 @@ def test_keys_expire_after_the_ttl_and_a_sweep_deletes_them(tmp_path: Path) -> N
 
 
 def test_put_many_moves_the_checkpoint_past_applied_writes(tmp_path: Path) -> None:
-    store = SeenStore(tmp_path)
+    store = SeenStore.at(tmp_path)
     try:
         store.open(0)
         store.open(2)
@@ -207,7 +207,7 @@ def test_put_many_moves_the_checkpoint_past_applied_writes(tmp_path: Path) -> No
 
 def test_on_disk_layout_stays_seen_v2(tmp_path: Path) -> None:
     """Stores written before seen moved onto StateStore carry ``seen-v2``: kept, not wiped."""
-    store = SeenStore(tmp_path)
+    store = SeenStore.at(tmp_path)
     try:
         store.open(0)
         assert store.store._parts[0].get(KEY_FORMAT) == b"seen-v2"
@@ -254,7 +254,7 @@ def test_restore_counts_applied_records_and_expires_old_ones(
         return set()
 
     monkeypatch.setattr(state_store, "tail_changelog", tail)
-    store = SeenStore(tmp_path, ttl_s=3600)
+    store = SeenStore.at(tmp_path, ttl_s=3600)
     try:
         assert store.restore_partitions(None, "crawl.seen", [0], codec) == (4, set())  # type: ignore[arg-type]
         assert store.get(0, "d|http://a.test/1") is None  # tombstoned

@@ -11,14 +11,7 @@ from collections import Counter
 
 import pytest
 
-from sites.demo_site import (
-    SHAPES,
-    ChainSite,
-    MixedSite,
-    ShapeSite,
-    SkewedSite,
-    shape_spec,
-)
+from sites.shapes import SHAPES, ChainSite, MixedSite, ShapeSite, SkewedSite, shape_spec
 
 PORT = 18700
 
@@ -156,7 +149,7 @@ def test_shape_lookups_accept_only_canonical_page_numbers() -> None:
 
 
 def test_shapes_bench_referee_counts_deferrals_refetches_and_disallowed() -> None:
-    from bench.shapes_bench import referee
+    from bench.shapes_referee import referee
 
     spec = shape_spec("mixed-50", PORT, scale=0.05)
     exp = spec.expected()

@@ -8,7 +8,7 @@ from pathlib import Path
 from chaos.fault_plan import stateful_stages
 from chaos.faults import state_dirs
 from core.config import load_settings
-from schemas.topics import StageSpec, register_stage, unregister_stage
+from schemas.stages import StageSpec, StoreDecl, register_stage, unregister_stage
 from streams.state_store import store_dir
 
 
@@ -23,7 +23,8 @@ def test_the_wipe_finds_each_declared_store_where_the_stage_keeps_it(tmp_path: P
 
 def test_a_declared_stage_with_a_store_is_wiped_too(tmp_path: Path) -> None:
     s = load_settings(data_dir=tmp_path)
-    register_stage(StageSpec("tally", ("crawl.parsed",), "tally:Tally", stores=("counts",)))
+    register_stage(StageSpec("tally", ("crawl.parsed",), "tally:Tally",
+                             stores=(StoreDecl("counts", "tally.counts", "CrawlJob"),)))
     try:
         assert "tally" in stateful_stages()
         assert state_dirs(s, "tally", "tally-0") == [tmp_path / "counts" / "default" / "tally-0"]

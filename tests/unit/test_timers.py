@@ -1,4 +1,5 @@
-"""The retry stage's timer logic: key layout, due times, and a broker clock that is never early."""
+"""Timers on broker time: the runtime's key layout and a broker clock that is never early,
+and the retry stage's rules on them (due times, the timer id of a tier record)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,27 @@ import random
 
 import pytest
 
-from consumers import timers
-from consumers.timers import BrokerClock
+from consumers.retry import due_ms, is_due, parse_id, timer_id
+from streams import timers
 from streams.state_store import META
+from streams.timers import BrokerClock
+
+
+def key_of(due: int, tier: int, offset: int) -> bytes:
+    """A retry timer's key: due time, then the input record's tier and offset."""
+    return timers.timer_key(due, timer_id(tier, offset))
+
+
+def parsed(key: bytes) -> tuple[int, int, int]:
+    due, ident = timers.parse_key(key)
+    return (due, *parse_id(ident))
+
+
+def schedule(append_ms: int, tier: int, tier_delay_ms: int, job_delay_ms: int, offset: int,
+             now_ms: int | None) -> bytes | None:
+    """What the retry stage does with a tier record: its timer key, or None if due now."""
+    due = due_ms(append_ms, tier_delay_ms, job_delay_ms)
+    return None if is_due(due, now_ms) else key_of(due, tier, offset)
 
 
 def test_keys_sort_by_due_time_then_tier_then_offset() -> None:
@@ -16,26 +35,28 @@ def test_keys_sort_by_due_time_then_tier_then_offset() -> None:
     triples = {(rng.randrange(0, 1 << 50), rng.randrange(3), rng.randrange(0, 1 << 40))
                for _ in range(5000)}
     triples |= {(1_000, 2, 5), (1_000, 0, 7), (999, 2, 1 << 40), (1_001, 0, 0)}
-    keys = [timers.timer_key(*t) for t in triples]
-    assert [timers.parse_key(k) for k in sorted(keys)] == sorted(triples)
+    keys = [key_of(*t) for t in triples]
+    assert [parsed(k) for k in sorted(keys)] == sorted(triples)
 
 
 def test_key_round_trips_and_stays_clear_of_reserved_keys() -> None:
-    key = timers.timer_key(1_796_115_128_080, 2, 123_456)
-    assert len(key) == timers.KEY_LEN
+    key = key_of(1_796_115_128_080, 2, 123_456)
+    assert len(key) == 1 + 8 + 1 + 8  # the layout retry's changelog always had
     assert not key.startswith(META)
-    assert timers.parse_key(key) == (1_796_115_128_080, 2, 123_456)
+    assert parsed(key) == (1_796_115_128_080, 2, 123_456)
     assert timers.due_of(key) == 1_796_115_128_080
-    assert timers.timer_key(0, 0, 0) > META + b"\xff" * 20  # after every reserved key
+    assert key_of(0, 0, 0) > META + b"\xff" * 20  # after every reserved key
 
 
 @pytest.mark.parametrize("bad", [(-1, 0, 0), (0, 256, 0), (0, 0, -1), (1 << 64, 0, 0)])
 def test_key_out_of_range_is_refused(bad: tuple[int, int, int]) -> None:
     with pytest.raises(ValueError):
-        timers.timer_key(*bad)
+        key_of(*bad)
+    with pytest.raises(ValueError):
+        timers.timer_key(0, b"")  # an id is required: it makes the key unique
 
 
-@pytest.mark.parametrize("key", [b"", b"\x01" + b"\x00" * 10, b"\x02" + b"\x00" * 17])
+@pytest.mark.parametrize("key", [b"", b"\x01" + b"\x00" * 8, b"\x02" + b"\x00" * 17])
 def test_parse_rejects_what_is_not_a_timer_key(key: bytes) -> None:
     with pytest.raises(ValueError):
         timers.parse_key(key)
@@ -43,8 +64,8 @@ def test_parse_rejects_what_is_not_a_timer_key(key: bytes) -> None:
 
 def test_same_input_gives_the_same_key() -> None:
     """A record replayed after an aborted transaction overwrites its timer, never adds one."""
-    a = timers.schedule(10_000, 2, 120_000, 3_600_000, 42, now_ms=10_000)
-    b = timers.schedule(10_000, 2, 120_000, 3_600_000, 42, now_ms=11_000)
+    a = schedule(10_000, 2, 120_000, 3_600_000, 42, now_ms=10_000)
+    b = schedule(10_000, 2, 120_000, 3_600_000, 42, now_ms=11_000)
     assert a == b and a is not None
 
 
@@ -54,19 +75,19 @@ def test_same_input_gives_the_same_key() -> None:
     (2_000, -5, 12_000)])
 def test_due_is_append_time_plus_the_jobs_delay_else_the_tiers(tier_ms: int, job_ms: int,
                                                                due: int) -> None:
-    assert timers.due_ms(10_000, tier_ms, job_ms) == due
+    assert due_ms(10_000, tier_ms, job_ms) == due
 
 
 def test_schedule_holds_until_due_and_not_a_millisecond_less() -> None:
-    assert timers.schedule(10_000, 0, 2_000, 0, 1, now_ms=11_999) is not None
-    assert timers.schedule(10_000, 0, 2_000, 0, 1, now_ms=12_000) is None
-    assert timers.schedule(10_000, 0, 2_000, 0, 1, now_ms=None) is not None  # time unknown
-    key = timers.schedule(10_000, 1, 15_000, 40_000, 9, now_ms=20_000)
-    assert key is not None and timers.parse_key(key) == (50_000, 1, 9)
+    assert schedule(10_000, 0, 2_000, 0, 1, now_ms=11_999) is not None
+    assert schedule(10_000, 0, 2_000, 0, 1, now_ms=12_000) is None
+    assert schedule(10_000, 0, 2_000, 0, 1, now_ms=None) is not None  # time unknown
+    key = schedule(10_000, 1, 15_000, 40_000, 9, now_ms=20_000)
+    assert key is not None and parsed(key) == (50_000, 1, 9)
 
 
 def test_due_keys_take_the_due_prefix_up_to_the_limit() -> None:
-    keys = sorted(timers.timer_key(d, 0, i) for i, d in enumerate([5, 1, 9, 3, 7, 3]))
+    keys = sorted(key_of(d, 0, i) for i, d in enumerate([5, 1, 9, 3, 7, 3]))
     assert [timers.due_of(k) for k in timers.due_keys(keys, 5, 100)] == [1, 3, 3, 5]
     assert [timers.due_of(k) for k in timers.due_keys(keys, 5, 2)] == [1, 3]
     assert timers.due_keys(keys, 0, 100) == []
@@ -75,8 +96,8 @@ def test_due_keys_take_the_due_prefix_up_to_the_limit() -> None:
 
 def test_an_hour_long_timer_first_in_a_tier_does_not_hold_back_a_short_one() -> None:
     """The point of the store: order by due time, not by arrival."""
-    hour = timers.schedule(0, 2, 120_000, 3_600_000, 0, now_ms=0)
-    short = timers.schedule(50, 2, 120_000, 2_000, 1, now_ms=50)
+    hour = schedule(0, 2, 120_000, 3_600_000, 0, now_ms=0)
+    short = schedule(50, 2, 120_000, 2_000, 1, now_ms=50)
     assert hour is not None and short is not None
     store = sorted([hour, short])
     assert timers.due_keys(store, 120_050, 10) == [short]
@@ -164,7 +185,7 @@ def test_a_timer_fires_only_once_broker_time_has_reached_it() -> None:
         append_local = rng.randrange(10 ** 12, 10 ** 13)
         append_ms = append_local // 1_000_000 + offset_ms
         clock.observe(append_ms, append_local + rng.randrange(2 * 10 ** 9))
-        key = timers.schedule(append_ms, 0, 2_000, rng.choice([0, 2_000, 3_600_000]), 1,
+        key = schedule(append_ms, 0, 2_000, rng.choice([0, 2_000, 3_600_000]), 1,
                               clock.now_ms(append_local))
         assert key is not None
         for _ in range(5):

@@ -7,7 +7,8 @@ import string
 
 import pytest
 
-from schemas.topics import RETRY_DELAYS_S, Topology, _murmur2, partition_for
+from schemas.pipeline import RETRY_DELAYS_S
+from schemas.topics import Topology, _murmur2, partition_for
 
 # Vectors from Kafka's own tests (org.apache.kafka.common.utils.UtilsTest#testMurmur2).
 MURMUR2_VECTORS = [
@@ -169,17 +170,18 @@ def test_retry_tiers_are_sorted_topics() -> None:
 
 
 def test_every_stage_declares_its_inputs_once() -> None:
-    from schemas.topics import STAGES
+    from schemas.stages import analytics_stages, stages
     topo = Topology(prefix="p.")
-    assert STAGES == ("fetch", "parse", "store", "retry")
+    assert stages() == ("fetch", "parse", "store", "retry")
+    assert analytics_stages() == ("quarantine",)
     assert topo.inputs("fetch") == [topo.frontier, topo.frontier_high]
     assert topo.inputs("parse") == [topo.fetched]
     assert topo.inputs("store") == [topo.parsed, topo.telemetry, topo.dead, topo.lineage,
                                     topo.quarantines]
-    assert topo.inputs("quarantine") == [topo.blocks]  # analytics: not in STAGES
+    assert topo.inputs("quarantine") == [topo.blocks]  # analytics: not in stages()
     assert topo.inputs("retry") == topo.retry_topics
     names = {s.name for s in topo.specs()}
-    assert all(set(topo.inputs(st)) <= names for st in STAGES)
+    assert all(set(topo.inputs(st)) <= names for st in stages())
     with pytest.raises(KeyError, match="unknown stage"):
         topo.inputs("nope")
 
@@ -196,7 +198,7 @@ def test_record_of_every_topic_comes_from_its_spec() -> None:
 def test_co_partitioned_inputs_follow_one_subscribed_lead_topic() -> None:
     """Both frontier tiers (one cap, one dedupe store) and every retry tier (one timer
     store) must share an owner per partition: only the lead is left to the assignor."""
-    from schemas.topics import STAGES
+    from schemas.stages import stages
     topo = Topology(prefix="p.")
     assert topo.subscription("fetch") == [topo.frontier]
     assert topo.followers("fetch") == [topo.frontier_high]
@@ -204,21 +206,21 @@ def test_co_partitioned_inputs_follow_one_subscribed_lead_topic() -> None:
     assert topo.followers("retry") == topo.retry_topics[1:]
     for stage in ("parse", "store"):  # independent partitions: the assignor spreads them
         assert topo.followers(stage) == [] and topo.subscription(stage) == topo.inputs(stage)
-    for stage in STAGES:  # nothing read that is not declared, nothing declared left unread
+    for stage in stages():  # nothing read that is not declared, nothing declared left unread
         assert sorted(topo.subscription(stage) + topo.followers(stage)) == \
             sorted(topo.inputs(stage))
 
 
 def test_a_declared_stage_joins_every_topology_and_leaves_cleanly() -> None:
-    from schemas.topics import (
+    from schemas.stages import (
         StageSpec,
         TopicDecl,
-        Topology,
         register_stage,
         stage_spec,
         stages,
         unregister_stage,
     )
+    from schemas.topics import Topology
     spec = StageSpec("extra", ("crawl.parsed", "crawl.dead"), "x:Y", followers=("crawl.dead",))
     register_stage(spec, (TopicDecl("crawl.extra", "ParsedPage"),))
     try:

@@ -1,17 +1,20 @@
-"""The retry stage's timer store, as pure logic: key layout, due times, broker-time estimate.
+"""Timers on broker time, as pure logic: key layout, due times, the broker-clock estimate.
 
-A delayed job waits under a key that sorts by its due time, so a job due in 2 s is never
-behind a job due in an hour. Due times are broker time (the retry tier record's
-LogAppendTime plus the delay, in ms): payloads carry durations, never deadlines, and this
-worker's wall clock is never asked.
+A timer store (:class:`streams.timer_store.TimerStore`, declared by a stage as a
+``TimerDecl``) holds records until they are due. A record waits under a key that sorts by its
+due time, so one due in 2 s is never behind one due in an hour. Due times are broker time
+(ms): payloads carry durations, never deadlines, and this worker's wall clock is never asked;
+the stage computes a due time from a broker timestamp (a record's LogAppendTime) plus a
+duration, and the runtime fires it once :class:`BrokerClock` says the broker reached it.
 
-Key: ``0x01 | due_ms (8 bytes BE) | tier index (1 byte) | source offset (8 bytes BE)``. The
-leading byte keeps keys clear of the state store's reserved NUL prefix; (tier, offset) names
-the input record within its partition, so the key is unique, and the same input replayed
-after an aborted transaction gives the same key (and overwrites, never duplicates).
+Key: ``0x01 | due_ms (8 bytes BE) | id``. The leading byte keeps keys clear of the state
+store's reserved NUL prefix; ``id`` (the stage's, non-empty) makes the key unique, and a
+stage that derives it from its input (the retry stage: tier index and source offset) gets the
+same key when the input is replayed after an aborted transaction, so a replay overwrites and
+never duplicates.
 
-Stored value: ``len(fp) | writer-schema fingerprint | Avro payload`` of the CrawlJob, as it
-travels on the changelog, so restore needs no re-encoding.
+Stored value: ``len(fp) | writer-schema fingerprint | Avro payload`` of the record, as it
+travels on the changelog, so a restore needs no re-encoding.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 KEY_PREFIX = b"\x01"
-KEY_LEN = 1 + 8 + 1 + 8
+MIN_KEY_LEN = 1 + 8 + 1
+MAX_ID_LEN = 255
 
 #: Rate error allowed between this host's monotonic clock and the broker's clock, in parts
 #: per million (NTP-disciplined clocks are within a few ppm). Charged against the estimate,
@@ -28,45 +32,22 @@ KEY_LEN = 1 + 8 + 1 + 8
 DRIFT_PPM = 100
 
 
-def timer_key(due_ms: int, tier: int, offset: int) -> bytes:
+def timer_key(due_ms: int, ident: bytes) -> bytes:
     """The store and changelog key of a timer; keys sort by due time first."""
-    if not 0 <= due_ms < 1 << 64 or not 0 <= tier < 256 or not 0 <= offset < 1 << 64:
-        raise ValueError(f"timer key out of range: due={due_ms} tier={tier} offset={offset}")
-    return KEY_PREFIX + due_ms.to_bytes(8, "big") + bytes((tier,)) + offset.to_bytes(8, "big")
+    if not 0 <= due_ms < 1 << 64 or not 0 < len(ident) <= MAX_ID_LEN:
+        raise ValueError(f"timer key out of range: due={due_ms} id={ident!r}")
+    return KEY_PREFIX + due_ms.to_bytes(8, "big") + ident
 
 
-def parse_key(key: bytes) -> tuple[int, int, int]:
-    """(due_ms, tier, offset) of a timer key."""
-    if len(key) != KEY_LEN or not key.startswith(KEY_PREFIX):
+def parse_key(key: bytes) -> tuple[int, bytes]:
+    """(due_ms, id) of a timer key."""
+    if not MIN_KEY_LEN <= len(key) <= 9 + MAX_ID_LEN or not key.startswith(KEY_PREFIX):
         raise ValueError(f"not a timer key: {key!r}")
-    return int.from_bytes(key[1:9], "big"), key[9], int.from_bytes(key[10:], "big")
+    return int.from_bytes(key[1:9], "big"), key[9:]
 
 
 def due_of(key: bytes) -> int:
     return parse_key(key)[0]
-
-
-def due_ms(append_ms: int, tier_delay_ms: int, job_delay_ms: int) -> int:
-    """Broker time at which a job appended to a retry tier at ``append_ms`` is due.
-
-    The job's own delay (Retry-After, back-off) when it carries one: the fetch stage writes
-    the exact delay and picks the tier only as a carrier, so a 20 s Retry-After in the 120 s
-    tier is due after 20 s. A job without one (``delay_ms`` 0, or a v1 record) waits its
-    tier's delay.
-    """
-    return append_ms + (job_delay_ms if job_delay_ms > 0 else tier_delay_ms)
-
-
-def schedule(append_ms: int, tier: int, tier_delay_ms: int, job_delay_ms: int, offset: int,
-             now_ms: int | None) -> bytes | None:
-    """The timer key to hold an input record under, or None if it is due already.
-
-    ``now_ms`` is the broker-time estimate (None while unknown: then nothing is due).
-    """
-    due = due_ms(append_ms, tier_delay_ms, job_delay_ms)
-    if now_ms is not None and due <= now_ms:
-        return None
-    return timer_key(due, tier, offset)
 
 
 def due_keys(keys: Iterable[bytes], now_ms: int, limit: int) -> list[bytes]:
