@@ -88,6 +88,16 @@ class TimerDecl:
 
 
 @dataclass(frozen=True)
+class DeployHints:
+    """What a deployment gives each worker of a stage (``infra/deploy_files.py`` writes the
+    manifests from them): its memory (request = limit), and the consumer lag per replica at
+    which the autoscaler adds one."""
+
+    memory: str = "512Mi"
+    lag_per_replica: int = 1000
+
+
+@dataclass(frozen=True)
 class StageSpec:
     """One consumer-group stage, declared whole.
 
@@ -102,7 +112,8 @@ class StageSpec:
     shown, never waited on, left alone by chaos), ``start_late`` (begins once a fetch worker
     has joined: nothing to do in a crawl's first seconds), ``store_owner`` (owns the
     store: answers the crawl's queries, stopped last; its dropped work is redone as rows),
-    ``sends_requests`` (its dropped work is redone as page requests).
+    ``sends_requests`` (its dropped work is redone as page requests); ``deploy``, what a
+    deployment gives each of its workers.
     """
 
     name: str
@@ -117,6 +128,7 @@ class StageSpec:
     start_late: bool = False
     store_owner: bool = False
     sends_requests: bool = False
+    deploy: DeployHints = DeployHints()
 
     @property
     def state(self) -> tuple[StoreDecl | TimerDecl, ...]:

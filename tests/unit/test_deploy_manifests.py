@@ -16,7 +16,9 @@ from yamllint import config as yl_config
 from yamllint import linter
 
 from core.config import SECRET_FIELDS, SETTING_DEFAULTS, Settings
-from schemas.stages import stages
+from infra.deploy_files import DEPLOY as WRITTEN_TO
+from infra.deploy_files import stale
+from schemas.stages import StageSpec, every_stage, register_stage, unregister_stage
 from schemas.topics import Topology
 from streams.io import transaction_timeout_ms
 
@@ -56,7 +58,7 @@ def test_scaled_objects_validate_against_kedas_crd() -> None:
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
     schema = version["schema"]["openAPIV3Schema"]
     scaled = _kind("ScaledObject")
-    assert len(scaled) == len(stages())
+    assert len(scaled) == len(every_stage())
     for doc in scaled:
         jsonschema.validate(doc, schema)
 
@@ -91,7 +93,7 @@ def test_every_variable_is_a_setting_and_secrets_stay_in_the_secret() -> None:
         assert _valid_setting(var), var
     assert not any("DSN" in k or "PASSWORD" in k for k in _config())
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
-    for name in stages():
+    for name in every_stage():
         env = compose["services"][name]["environment"]
         assert all(_valid_setting(k) for k in env if k.startswith("CRAWLFLEET_")), env
         assert "CRAWLFLEET_CLICKHOUSE_DSN" not in env  # from the secret file only
@@ -105,7 +107,7 @@ def test_each_stage_is_a_statefulset_scaled_on_its_own_group_within_the_partitio
     grace = transaction_timeout_ms(Settings()) / 1000
     by_stage = {d["metadata"]["name"].removeprefix("crawlfleet-"): d
                 for d in _kind("StatefulSet")}
-    assert set(by_stage) == set(stages())
+    assert set(by_stage) == set(every_stage())
     for stage, sts in by_stage.items():
         pod = sts["spec"]["template"]["spec"]
         (box,) = pod["containers"]
@@ -120,7 +122,7 @@ def test_each_stage_is_a_statefulset_scaled_on_its_own_group_within_the_partitio
         assert trigger["metadata"]["consumerGroup"] == topo.group(stage)
         assert so["spec"]["maxReplicaCount"] == topo.partitions
     pdbs = {d["metadata"]["name"] for d in _kind("PodDisruptionBudget")}
-    assert pdbs == {f"crawlfleet-{s}" for s in stages()}
+    assert pdbs == {f"crawlfleet-{s}" for s in every_stage()}
 
 
 def test_the_image_copies_every_package_it_installs() -> None:
@@ -133,3 +135,21 @@ def test_the_image_copies_every_package_it_installs() -> None:
               (root / "infra" / "deploy" / "Dockerfile").read_text().splitlines()
               if line.startswith("COPY ") and len(line.split()) == 3}
     assert packages <= copied, packages - copied
+
+
+def test_the_stage_files_are_the_ones_the_registry_writes() -> None:
+    """Every stage of the registry, the quarantine app included, is deployed from one
+    template; a stage added without `python -m infra.deploy_files` fails here."""
+    assert WRITTEN_TO == DEPLOY
+    assert stale() == []
+    assert {p.stem for p in K8S} == {*every_stage(), "config"}
+
+
+def test_a_stage_added_to_the_registry_makes_the_files_stale() -> None:
+    register_stage(StageSpec("tally", ("crawl.parsed",), "tally:Tally"))
+    try:
+        assert DEPLOY / "k8s" / "tally.yaml" in stale()
+        assert DEPLOY / "compose.yaml" in stale()
+    finally:
+        unregister_stage("tally")
+    assert stale() == []
