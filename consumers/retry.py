@@ -86,8 +86,8 @@ class RetryStage(BatchStage):
             self.status.add("forwarded")
             return self._to_frontier(job)
         self.status.add("timers_set")
-        return [self.context.timer(TIMERS).schedule(part, due, timer_id(tier, offset_of(msg)),
-                                                    job["target"], job)]
+        return self.context.timer(TIMERS).schedule(part, due, timer_id(tier, offset_of(msg)),
+                                                   job["target"], job)
 
     def on_timer(self, timer: str, part: int, ident: bytes,
                  record: dict[str, Any]) -> list[Output]:

@@ -74,11 +74,14 @@ class StoreDecl:
 class TimerDecl:
     """A keyed timer store: records waiting for a due time on the broker's clock, held in
     a compacted changelog (LogAppendTime) and fired once, even across restarts and
-    rebalances (:mod:`streams.timers`). Its entries are always work still to do."""
+    rebalances (:mod:`streams.timers`). Its entries are always work still to do. ``keyed``:
+    at most one timer per id (scheduling an id again moves its timer: a page's next visit).
+    """
 
     name: str
     changelog: str
     record: str
+    keyed: bool = False
 
     @property
     def topic(self) -> TopicDecl:

@@ -68,10 +68,14 @@ class DeclaredStore:
                                                           [(HEADER_SCHEMA, fingerprint)])
         return value
 
-    def count(self, part: int) -> int:
+    def counted(self, key: bytes) -> bool:
+        """Is ``key`` an entry (counted), not bookkeeping of the store's own?"""
+        return True
+
+    def count(self, part: int, prefix: bytes = b"") -> int:
         n, start = 0, None
         while True:
-            page = self.store.scan(part, limit=10_000, start=start)
+            page = self.store.scan(part, prefix=prefix, limit=10_000, start=start)
             n += len(page)
             if len(page) < 10_000:
                 return n
@@ -104,7 +108,7 @@ class DeclaredStore:
                 continue  # not (or no longer) a usable partition
             latest = dict(changes)
             delta[part] = sum((v is not None) - (self.store.get(part, k) is not None)
-                              for k, v in latest.items())
+                              for k, v in latest.items() if self.counted(k))
             self.store.apply(part, changes)
         self._pending.clear()
         self.store.advance({p: o for p, o in next_offsets.items() if p in usable})
@@ -124,11 +128,29 @@ class DeclaredStore:
         value = msg.value()
         if value is None or isinstance(value, str):
             return None
+        if self.raw_entry(msg.key()):
+            return value
         try:
             self.encoder.decode(msg)
             return timers.encode_value(fingerprint_of(msg.headers()), value)
         except (DecodeError, ValueError):
             return None
+
+    def raw_entry(self, key: Any) -> bool:
+        """Is the changelog record of ``key`` stored as it is (bookkeeping, not a record)?"""
+        return False
+
+    def latest(self, part: int, key: bytes) -> bytes | None:
+        """``key``'s stored value as this batch left it (its pending writes first)."""
+        for k, v in reversed(self._pending.get(part, ())):
+            if k == key:
+                return v
+        return self.store.get(part, key)
+
+    def put_raw(self, part: int, key: bytes, value: bytes) -> Output:
+        """A changelog record of the store's own bookkeeping (bytes, not a record)."""
+        self._pending[part].append((key, value))
+        return Output(self.topic, part, key, value, [])
 
     def drop(self, part: int) -> None:
         self.store.drop(part)
@@ -136,19 +158,63 @@ class DeclaredStore:
 
 
 class TimerStore(DeclaredStore):
-    """A declared timer store: records keyed by due time (broker ms) then an id."""
+    """A declared timer store: records keyed by due time (broker ms) then an id; with
+    ``keyed``, at most one timer per id (:mod:`streams.timers`)."""
+
+    def __init__(self, name: str, topic: str, record: str, store: StateStore,
+                 encoder: Encoder, on_time: OnBrokerTime | None = None,
+                 keyed: bool = False) -> None:
+        super().__init__(name, topic, record, store, encoder, on_time)
+        self.keyed = keyed
+
+    def counted(self, key: bytes) -> bool:
+        return key.startswith(timers.KEY_PREFIX)
+
+    def count(self, part: int, prefix: bytes = timers.KEY_PREFIX) -> int:
+        return super().count(part, prefix)
+
+    def raw_entry(self, key: Any) -> bool:
+        return self.keyed and isinstance(key, bytes) and key.startswith(timers.INDEX_PREFIX)
+
+    def due_of_id(self, part: int, ident: bytes) -> int | None:
+        """A keyed store's due time for ``ident`` (this batch's writes included)."""
+        raw = self.latest(part, timers.index_key(ident))
+        return None if raw is None else timers.decode_due(raw)
 
     def schedule(self, part: int, due_ms: int, ident: bytes, target: str,
-                 value: Mapping[str, Any]) -> Output:
-        """Hold ``value`` until broker time ``due_ms``; the same (due, id) overwrites."""
-        return self.put(part, timers.timer_key(due_ms, ident), target, value)
+                 value: Mapping[str, Any]) -> list[Output]:
+        """Hold ``value`` until broker time ``due_ms``; the same (due, id) overwrites, and in
+        a keyed store the id's earlier timer is moved, not kept beside it."""
+        out: list[Output] = []
+        if self.keyed:
+            old = self.due_of_id(part, ident)
+            if old is not None and old != due_ms:
+                out.append(self.delete(part, timers.timer_key(old, ident)))
+            out.append(self.put_raw(part, timers.index_key(ident), timers.encode_due(due_ms)))
+        out.append(self.put(part, timers.timer_key(due_ms, ident), target, value))
+        return out
+
+    def remove(self, part: int, key: bytes) -> list[Output]:
+        """Delete a (fired) timer, and its index entry in a keyed store."""
+        out = [self.delete(part, key)]
+        if self.keyed:
+            due, ident = timers.parse_key(key)
+            if self.due_of_id(part, ident) == due:
+                out.append(self.delete(part, timers.index_key(ident)))
+        return out
+
+    def cancel(self, part: int, ident: bytes) -> list[Output]:
+        """A keyed store's timer of ``ident`` is deleted (nothing if it has none)."""
+        due = self.due_of_id(part, ident)
+        return [] if due is None else self.remove(part, timers.timer_key(due, ident))
 
     def due(self, part: int, now_ms: int, limit: int) -> list[tuple[bytes, bytes]]:
         """The partition's leading timers due at ``now_ms`` (at most ``limit``)."""
         got: list[tuple[bytes, bytes]] = []
         start: bytes | None = None
         while len(got) < limit:
-            page = self.store.scan(part, limit=min(100, limit - len(got)), start=start)
+            page = self.store.scan(part, prefix=timers.KEY_PREFIX,
+                                   limit=min(100, limit - len(got)), start=start)
             due = timers.due_keys((k for k, _ in page), now_ms, limit - len(got))
             got.extend(page[:len(due)])
             if len(due) < len(page) or not page:

@@ -72,14 +72,13 @@ class StageContext:
                                  "time)")
             local = open_store(decl.name, store_dir(settings, decl.name, worker),
                                tuning=decl.tuning if isinstance(decl, StoreDecl) else "default")
-            kind = TimerStore if isinstance(decl, TimerDecl) else DeclaredStore
-            opened = kind(decl.name, topology.prefix + decl.changelog, decl.record, local,
-                          encoder, self._observe)
-            if isinstance(opened, TimerStore):
-                self._timers[decl.name] = opened
+            topic = topology.prefix + decl.changelog
+            if isinstance(decl, TimerDecl):
+                self._timers[decl.name] = TimerStore(decl.name, topic, decl.record, local,
+                                                     encoder, self._observe, decl.keyed)
             else:
-                assert isinstance(decl, StoreDecl)
-                self._stores[decl.name] = opened
+                self._stores[decl.name] = DeclaredStore(decl.name, topic, decl.record, local,
+                                                        encoder, self._observe)
         #: Live timers per usable partition, per timer store.
         self._counts: dict[str, dict[int, int]] = {name: {} for name in self._timers}
         self._usable: set[int] = set()
@@ -201,7 +200,7 @@ class StageContext:
                     continue
                 for key, raw in timer.due(part, now, FIRE_BATCH - fired):
                     out += self._fired(timer, part, key, raw, on_timer)
-                    out.append(timer.delete(part, key))
+                    out += timer.remove(part, key)
                     fired += 1
         if fired:
             self.status.add("fired", fired)

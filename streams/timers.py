@@ -15,6 +15,10 @@ never duplicates.
 
 Stored value: ``len(fp) | writer-schema fingerprint | Avro payload`` of the record, as it
 travels on the changelog, so a restore needs no re-encoding.
+
+A *keyed* timer store holds at most one timer per id: scheduling an id again moves its timer.
+It keeps an index beside the timers, ``0x02 | id`` → the id's due time (8 bytes BE), on the
+same changelog (raw bytes, not a record), so a restore rebuilds both.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 KEY_PREFIX = b"\x01"
+INDEX_PREFIX = b"\x02"
 MIN_KEY_LEN = 1 + 8 + 1
 MAX_ID_LEN = 255
 
@@ -48,6 +53,23 @@ def parse_key(key: bytes) -> tuple[int, bytes]:
 
 def due_of(key: bytes) -> int:
     return parse_key(key)[0]
+
+
+def index_key(ident: bytes) -> bytes:
+    """The key of a keyed store's index entry for ``ident``."""
+    if not 0 < len(ident) <= MAX_ID_LEN:
+        raise ValueError(f"timer id out of range: {ident!r}")
+    return INDEX_PREFIX + ident
+
+
+def encode_due(due_ms: int) -> bytes:
+    return due_ms.to_bytes(8, "big")
+
+
+def decode_due(raw: bytes) -> int:
+    if len(raw) != 8:
+        raise ValueError(f"corrupt timer index value {raw!r}")
+    return int.from_bytes(raw, "big")
 
 
 def due_keys(keys: Iterable[bytes], now_ms: int, limit: int) -> list[bytes]:

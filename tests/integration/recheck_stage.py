@@ -1,9 +1,10 @@
 """A stage of a user's own with a store, a timer and an output, declared in this module alone.
 
 ``recheck`` reads every parsed page (``crawl.parsed``, a consumer group of its own beside the
-store's), keeps the page in its declared store ``pages`` and sets a timer ``due`` for a
-second later; when the timer fires it reads the page back from the store, writes it to
-``crawl.rechecked`` keyed by its dedupe key and deletes it from the store. The store is
+store's), keeps the page in its declared store ``pages`` and sets a timer ``due`` (keyed:
+one per page) for a second later; when the timer fires it reads the page back from the
+store, writes it to ``crawl.rechecked`` keyed by its dedupe key and deletes it from the
+store. The store is
 load-bearing: a page whose store entry was lost (a restore after a kill that missed it) is
 never written, so one output per parsed page shows the store and the timer both came
 back after every kill, and were fired once.
@@ -37,7 +38,7 @@ class RecheckStage(BatchStage):
         key = page["dedupe_key"].encode()
         due = msg.timestamp()[1] + DELAY_MS
         return [self.context.store("pages").put(part, key, page["target"], page),
-                self.context.timer("due").schedule(part, due, key, page["target"], page)]
+                *self.context.timer("due").schedule(part, due, key, page["target"], page)]
 
     def on_timer(self, timer: str, part: int, ident: bytes,
                  record: dict[str, Any]) -> list[Output]:
@@ -55,7 +56,7 @@ class RecheckStage(BatchStage):
 SPEC = StageSpec("recheck", ("crawl.parsed",), f"{__name__}:RecheckStage",
                  outputs=(RECHECKED,),
                  stores=(StoreDecl("pages", PAGES, "ParsedPage"),),
-                 timers=(TimerDecl("due", TIMERS, "ParsedPage"),),
+                 timers=(TimerDecl("due", TIMERS, "ParsedPage", keyed=True),),
                  label="parsed→recheck")
 TOPICS = (TopicDecl(RECHECKED, "ParsedPage"),)
 register_stage(SPEC, TOPICS)  # on import: a worker process learns it from stage_modules
