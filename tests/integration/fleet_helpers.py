@@ -455,10 +455,18 @@ def committed_offsets(settings: Settings, stage: str,
         c.close()
 
 
-def stage_lags(settings: Settings) -> dict[str, int]:
+def stage_lags(settings: Settings, unknown_wait_s: float = 10.0) -> dict[str, int]:
+    """Every stage's lag as the broker holds it. -1 is "not known" (an end offset not
+    answered within the probe's wait, as a fresh admin client's first look can be): the
+    probe asks again for up to ``unknown_wait_s`` before a -1 is returned."""
     probe = LagProbe(settings)
+    deadline = time.monotonic() + unknown_wait_s
     try:
-        return probe.stage_lags(topology_of(settings))
+        lags = probe.stage_lags(topology_of(settings))
+        while -1 in lags.values() and time.monotonic() < deadline:
+            time.sleep(0.2)
+            lags = probe.stage_lags(topology_of(settings))
+        return lags
     finally:
         probe.close()
 
@@ -478,7 +486,7 @@ def wait_drained(settings: Settings, workers: Workers, timeout: float,
         for w in workers.all.values():
             if not w.alive() and w.stage == "store":
                 raise AssertionError(f"store worker died:\n{w.log_tail()}")
-        if not (_all_idle(workers) and all(v == 0 for v in stage_lags(settings).values())):
+        if not (_all_idle(workers) and all(v == 0 for v in stage_lags(settings, 0).values())):
             calm_since = None
             return False
         calm_since = calm_since or time.monotonic()
