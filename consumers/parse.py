@@ -201,7 +201,8 @@ def link_job(page: CrawlJob, link: str, target: str, meta: dict[str, str]) -> Cr
     return {"url": link, "target": target, "profile": page["profile"],
             "depth": page["depth"] + 1, "attempt": 0, "parent_url": page["url"],
             "last_error": None, "priority": page.get("priority", 0), "meta": meta,
-            "delay_ms": 0, "pinned": bool(page.get("pinned", True))}
+            "delay_ms": 0, "pinned": bool(page.get("pinned", True)), "kind": "page",
+            "visit": 0, "validators": {}}
 
 
 def link_meta(meta: dict[str, str] | None) -> dict[str, str]:

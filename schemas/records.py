@@ -31,6 +31,12 @@ class CrawlJob(TypedDict):
     delay_ms: int
     #: v3: only ever sent as ``profile``; False = placeable, deduped without the profile.
     pinned: bool
+    #: v4: ``page`` (fetch, parse, store) or ``sitemap`` (fetch, publish the URLs it lists).
+    kind: str
+    #: v4: 0 for a page's first visit, n for its n-th revisit (part of the dedupe key).
+    visit: int
+    #: v4: the last visit's ``etag``, ``last_modified`` and ``signature`` (a revisit's).
+    validators: dict[str, str]
 
 
 class FetchResult(TypedDict):
