@@ -60,6 +60,8 @@ class FetchResult(TypedDict):
     reason: str
     attempt_ms: int
     fetcher_version: str
+    #: v4: the answer's ``etag`` and ``last_modified``, for the page's next visit.
+    validators: dict[str, str]
 
 
 class EnqueuedLink(TypedDict):
@@ -103,6 +105,15 @@ class ParsedPage(TypedDict):
     reason: str
     attempt_ms: int
     fetcher_version: str
+    #: v5: the visit (issue 45): its number, whether the content changed since the last
+    #: one, its text signature, what the next visit sends, and what its job keeps.
+    visit: int
+    changed: bool
+    signature: str
+    validators: dict[str, str]
+    pinned: bool
+    priority: int
+    meta: dict[str, str]
 
 
 class DeadLetter(TypedDict):

@@ -194,7 +194,10 @@ class Dispatcher:
                 answered = 0
                 targets.sent_as(target, pj.profile)
                 await targets.spaced(target)
-                resp = await self.fetcher.get(job["url"], identity=identity)
+                # a revisit asks "changed since?" with what its last visit answered
+                resp = await self.fetcher.get(
+                    job["url"], identity=identity,
+                    conditional=job.get("validators") if job.get("visit", 0) else None)
                 answered = resp.status
                 result = self.rules.response(pj, resp, started)
         except CrawlfleetError as exc:

@@ -56,6 +56,7 @@ def fetch_result() -> dict[str, Any]:
         "worker": "fetch-1@host",
         **VERSIONS,
         "outcome": "ok", "reason": "", "attempt_ms": 130, "fetcher_version": "crawlfleet/0.1",
+        "validators": {"etag": 'W/"7"', "last_modified": "Mon, 30 Nov 2026 10:00:00 GMT"},
     }
 
 
@@ -83,6 +84,10 @@ def parsed_page() -> dict[str, Any]:
         "parse_version": "0.1.0",
         "attempt": 1, "outcome": "blocked", "reason": "http_403", "attempt_ms": 90,
         "fetcher_version": "crawlfleet/0.1",
+        # a revisit whose text did not change (not the defaults: the round trip shows them)
+        "visit": 3, "changed": False, "signature": "0f" * 16,
+        "validators": {"etag": '"e3"', "signature": "0f" * 16}, "pinned": False,
+        "priority": 1, "meta": {"campaign": "daily"},
     }
 
 
