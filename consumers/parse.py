@@ -27,9 +27,10 @@ from consumers.signature import text_signature
 from core import __version__
 from core.errors import CrawlfleetError, InternalError
 from core.profiles import DIRECT, EGRESS_META
+from core.revisits import RevisitPolicies
 from core.urls import target_of
 from producers.replay import without_replay
-from schemas.keys import REDIRECT_HOPS, dedupe_key, job_key, page_key
+from schemas.keys import REDIRECT_HOPS, REVISIT_INTERVAL, dedupe_key, job_key, page_key
 from schemas.records import CrawlJob, EnqueuedLink, FetchEvent, FetchResult, ParsedPage
 from streams.backpressure import FrontierGate
 from streams.batch_stage import BatchStage, NotDueError
@@ -92,6 +93,7 @@ class ParseStage(BatchStage):
         super().__init__(*args, **kwargs)
         self._recent = RecentSet()
         self._allowed = frozenset(self.settings.allowed_targets)
+        self._revisits = RevisitPolicies(self.settings.revisit, self.settings.revisits)
         # Measured off the loop: a slow offsets read must not hold the pages meanwhile.
         self._gate = FrontierGate(self.settings, background=True)
 
@@ -142,25 +144,46 @@ class ParseStage(BatchStage):
         last = (job.get("validators") or {}).get(SIGNATURE, "")
         if result["status"] == NOT_MODIFIED and visit > 0:
             # unchanged since the last visit: nothing to parse, no links again
-            return [self._page_output(result, "", "", [], [], Visit(False, last))]
+            seen = Visit(False, last)
+            return [self._page_output(result, "", "", [], [], seen),
+                    *self._next_visit(result, seen)]
         ok = 200 <= result["status"] <= 299
         page = extract(result["body"], result["final_url"], result["content_type"]) if ok \
             else None
         links = page.links if page else []
         signature = text_signature(page.text) if page else ""
-        changed = visit == 0 or not last or signature != last
+        seen = Visit(visit == 0 or not last or signature != last, signature)
         # a revisit whose text is the last visit's puts no link on the frontier again
-        jobs, enqueued = self._link_jobs(job, links) if changed else ([], [])
+        jobs, enqueued = self._link_jobs(job, links) if seen.changed else ([], [])
         return [self._page_output(result, page.title if page else "",
-                                  page.text if page else "", links, enqueued,
-                                  Visit(changed, signature)), *jobs]
+                                  page.text if page else "", links, enqueued, seen),
+                *jobs, *(self._next_visit(result, seen) if ok else [])]
+
+    def _next_visit(self, result: FetchResult, seen: Visit) -> list[Output]:
+        """The page's next visit, if its target's revisit policy has one: a job for the
+        revisit stage to hold ``delay_ms`` (the interval), sent with this visit's
+        validators. A page whose visit failed (an error, a block, a 404) has none."""
+        job = result["job"]
+        if job.get("kind", "page") != "page":
+            return []
+        meta = job.get("meta") or {}
+        last = _seconds(meta.get(REVISIT_INTERVAL)) if job.get("visit", 0) else None
+        interval = self._revisits.for_target(job["target"]).next_interval(last, seen.changed)
+        if interval is None:
+            return []
+        nxt: CrawlJob = {
+            **job, "attempt": 0, "last_error": None, "delay_ms": int(interval * 1000),
+            "meta": {**{k: v for k, v in link_meta(meta).items() if k != EGRESS_META},
+                     REVISIT_INTERVAL: f"{interval:g}"},
+            "visit": int(job.get("visit") or 0) + 1, "validators": _validators(result, seen)}
+        self.status.add("revisits_planned")
+        return [self.encoder.job(self.topology.revisits, nxt)]
 
     def _page_output(self, result: FetchResult, title: str, text: str,
                      links: list[str], enqueued: list[EnqueuedLink], visit: Visit) -> Output:
         job = result["job"]
         key = page_key(job)
-        validators = {**result.get("validators", {}), SIGNATURE: visit.signature} \
-            if visit.signature else dict(result.get("validators", {}))
+        validators = _validators(result, visit)
         page: ParsedPage = {
             "dedupe_key": key, "url": job["url"], "final_url": result["final_url"],
             "target": job["target"], "profile": job["profile"], "depth": job["depth"],
@@ -214,6 +237,21 @@ class ParseStage(BatchStage):
         return out, enqueued
 
 
+def _validators(result: FetchResult, visit: Visit) -> dict[str, str]:
+    """What the page's next visit sends: the answer's validators and the text signature."""
+    validators = dict(result.get("validators") or {})
+    if visit.signature:
+        validators[SIGNATURE] = visit.signature
+    return validators
+
+
+def _seconds(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
+
+
 def attempt_event(result: FetchResult) -> FetchEvent | None:
     """The telemetry event a fetched record carries (FetchResult v3), as a record of its
     own: for a page the parse stage dead-letters, whose attempt must still be counted. Keyed
@@ -241,7 +279,8 @@ def link_meta(meta: dict[str, str] | None) -> dict[str, str]:
     was reached -- its replay id, and its redirect hops (a chain's count, not the tree's: a
     site that redirects every link would otherwise stop being followed after
     ``max_redirects`` levels)."""
-    return {k: v for k, v in without_replay(meta).items() if k != REDIRECT_HOPS}
+    return {k: v for k, v in without_replay(meta).items()
+            if k not in (REDIRECT_HOPS, REVISIT_INTERVAL)}
 
 
 __all__ = ["ParseStage", "RecentSet", "attempt_event", "job_key", "link_job", "link_meta"]

@@ -31,6 +31,7 @@ from core.profiles import (
     product_token,
     tables_of,
 )
+from core.revisits import RevisitPolicies
 from core.windows import parse_windows
 
 ENV_PREFIX = "CRAWLFLEET_"
@@ -136,6 +137,11 @@ class Settings:
     #: Per-target crawl windows in the target's time zone, e.g.
     #: {"example.org": "Europe/Paris mon-fri 09:00-17:00"}; outside them jobs wait.
     crawl_windows: dict[str, str] = field(default_factory=dict)
+    #: When a stored page is visited again (core/revisits.py): ``once`` (never), ``every
+    #: 6h`` or ``adaptive 10m..7d``; ``revisits`` overrides it per target pattern, e.g.
+    #: {"news.example.org": "adaptive 15m..1d", "*.example.org": "every 1d"}.
+    revisit: str = "once"
+    revisits: dict[str, str] = field(default_factory=dict)
     #: Extra CA certificates (a PEM file) a fetch trusts besides the system's: a private
     #: CA of your own sites, a test CA. Empty: the system's trust store only.
     tls_ca_file: str = ""
@@ -380,6 +386,10 @@ def _problems(s: Settings) -> list[str]:
             parse_windows(spec)
         except ConfigError as exc:
             out.append(f"crawl_windows[{target!r}]: {exc}")
+    try:
+        RevisitPolicies(s.revisit, s.revisits)
+    except ConfigError as exc:
+        out.append(f"revisit: {exc}")
     for target, cap in s.rate_caps.items():
         if cap <= 0:
             out.append(f"rate_caps[{target!r}] must be > 0")

@@ -129,8 +129,10 @@ def plan(pages_per_day: float, targets: int, cap: float, costs: Costs,
         "the politeness caps (targets x cap)": rate / allowed,
         "broker disk writes": written / (brokers * limits.broker_mb_s),
         "ClickHouse ingest": store_day * 1e3 / DAY_S / (store_nodes * limits.store_mb_s),
+        # a stage with no measured cost (revisit: it runs with revisit policies only) has
+        # its one worker and no load to report
         **{f"{st} workers' CPU": demand[st] / (n * limits.worker_cpu)
-           for st, n in workers.items()},
+           for st, n in workers.items() if demand[st] > 0},
     }
     notes = []
     if rate > allowed:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas.stages import StoreDecl, all_specs, declared_topics
+from schemas.stages import all_specs, declared_topics
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ def flows() -> list[Flow]:
                 tuple(s.name for s in specs if t in s.inputs)) for t in order]
     for spec in specs:
         for st in spec.state:
-            work = not isinstance(st, StoreDecl) or st.holds_work
+            work = st.holds_work
             out.append(Flow(st.changelog, (spec.name,), (), f"{spec.name}.{st.name}", work))
     return out
 

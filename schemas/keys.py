@@ -18,6 +18,9 @@ UNPINNED = "*"
 REPLAY_META = "replay_id"
 #: Job meta key: redirect hops that led to this job (the max-redirects cap spans jobs).
 REDIRECT_HOPS = "redirect_hops"
+#: Job meta key of a revisit: the interval (s) that led to it, which an adaptive revisit
+#: policy shrinks or grows for the next one (``core.revisits``).
+REVISIT_INTERVAL = "revisit_interval_s"
 
 
 def dedupe_key(profile: str, canonical_url: str, pinned: bool = True) -> str:

@@ -2,9 +2,10 @@
 
 A job's way through them: ``crawl.frontier`` → fetch → ``crawl.fetched`` → parse →
 ``crawl.parsed`` → store (ClickHouse), with retry holding delayed jobs on timers and
-putting them back on the frontier, and the quarantine app (analytics, at least once)
-counting blocks into control records. ``crawlfleet top --graph`` draws it from these
-declarations (:func:`schemas.graph.draw`).
+putting them back on the frontier, revisit doing the same with a page's next visit
+(``crawl.revisits``), and the quarantine app (analytics, at least once) counting blocks
+into control records. ``crawlfleet top --graph`` draws it from these declarations
+(:func:`schemas.graph.draw`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ TOPICS = (
     # from when the broker appended the record, never from a worker's clock.
     *(TopicDecl(t, "CrawlJob", (*WEEK, ("message.timestamp.type", "LogAppendTime")))
       for t in RETRY_TIERS),
+    # A page's next visit, written by parse with its page (delay_ms: the interval), held by
+    # the revisit stage until due: broker time, as the retry tiers.
+    TopicDecl("crawl.revisits", "CrawlJob",
+              (*WEEK, ("message.timestamp.type", "LogAppendTime"))),
     # The quarantine app's table: one record per target, compacted (faust writes each
     # partition's entries to the blocks partition of their target).
     TopicDecl(f"crawlfleet-quarantine-{QUARANTINE_TABLE}-changelog", "QuarantineCounts",
@@ -75,7 +80,7 @@ FETCH = StageSpec(
 PARSE = StageSpec(
     "parse", ("crawl.fetched",), "consumers.parse:ParseStage",
     outputs=("crawl.parsed", "crawl.frontier", "crawl.frontier.high", "crawl.telemetry",
-             *_EVERYWHERE),
+             "crawl.revisits", *_EVERYWHERE),
     label="fetched→parse", deploy=DeployHints("768Mi", 500))
 STORE = StageSpec(
     "store", ("crawl.parsed", "crawl.telemetry", "crawl.dead", "crawl.lineage",
@@ -87,6 +92,12 @@ RETRY = StageSpec(
     outputs=("crawl.frontier", "crawl.frontier.high", *_EVERYWHERE),
     timers=(TimerDecl("timers", "crawl.timers", "CrawlJob"),),
     label="retry", start_late=True)
+REVISIT = StageSpec(
+    "revisit", ("crawl.revisits",), "consumers.revisit:RevisitStage",
+    outputs=("crawl.frontier", "crawl.frontier.high", *_EVERYWHERE),
+    timers=(TimerDecl("due", "crawl.revisit.timers", "CrawlJob", keyed=True,
+                      holds_work=False),),
+    label="revisit", start_late=True)
 QUARANTINE = StageSpec(
     "quarantine", ("crawl.blocks",), "streams.quarantine:QuarantineWorker",
     outputs=("crawl.control", "crawl.quarantines",
@@ -104,7 +115,7 @@ def handles_pages(stage: str) -> bool:
 
 
 register_stage(FETCH, TOPICS)
-for _spec in (PARSE, STORE, RETRY, QUARANTINE):
+for _spec in (PARSE, STORE, RETRY, REVISIT, QUARANTINE):
     register_stage(_spec)
 
 #: The stages and topics declared here: the pipeline's own, never forgotten.

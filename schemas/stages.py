@@ -74,14 +74,17 @@ class StoreDecl:
 class TimerDecl:
     """A keyed timer store: records waiting for a due time on the broker's clock, held in
     a compacted changelog (LogAppendTime) and fired once, even across restarts and
-    rebalances (:mod:`streams.timers`). Its entries are always work still to do. ``keyed``:
-    at most one timer per id (scheduling an id again moves its timer: a page's next visit).
+    rebalances (:mod:`streams.timers`). ``keyed``: at most one timer per id (scheduling an
+    id again moves its timer: a page's next visit). ``holds_work``: its timers are work
+    still to do (retries: a crawl is drained only once they fired); a revisit's are not (a
+    next visit is planned, not pending: a crawl with revisits drains between them).
     """
 
     name: str
     changelog: str
     record: str
     keyed: bool = False
+    holds_work: bool = True
 
     @property
     def topic(self) -> TopicDecl:
@@ -145,7 +148,7 @@ class StageSpec:
     @property
     def work_stores(self) -> tuple[StoreDecl | TimerDecl, ...]:
         """The stores whose live entries are work (parked jobs, timers)."""
-        return tuple(s for s in self.state if isinstance(s, TimerDecl) or s.holds_work)
+        return tuple(s for s in self.state if s.holds_work)
 
     @property
     def changelogs(self) -> tuple[str, ...]:

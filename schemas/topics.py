@@ -74,6 +74,11 @@ class Topology:
         return f"{self.prefix}crawl.timers"
 
     @property
+    def revisits(self) -> str:
+        """A page's next visit, held by the revisit stage until due."""
+        return f"{self.prefix}crawl.revisits"
+
+    @property
     def control(self) -> str:
         return f"{self.prefix}crawl.control"
 

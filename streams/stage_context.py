@@ -115,8 +115,11 @@ class StageContext:
     def _all(self) -> list[DeclaredStore]:
         return [*self._stores.values(), *self._timers.values()]
 
-    def timers_live(self) -> int:
-        return sum(sum(c.values()) for c in self._counts.values())
+    def timers_live(self, holding: bool | None = None) -> int:
+        """Live timers (of the stores that hold work, or not, if ``holding`` is given)."""
+        held = {d.name: d.holds_work for d in self.spec.timers}
+        return sum(sum(c.values()) for name, c in self._counts.items()
+                   if holding is None or held[name] is holding)
 
     # --- partitions (the runtime's restore-on-assign) -------------------------------------
 
@@ -233,7 +236,9 @@ class StageContext:
 
     def _gauge(self) -> None:
         if self._timers:
-            self.status.gauges["timers"] = self.timers_live()
+            # work still to do (a drain waits for it) apart from what is only planned
+            self.status.gauges["timers"] = self.timers_live(holding=True)
+            self.status.gauges["timers_planned"] = self.timers_live(holding=False)
 
     def close(self) -> None:
         for st in self._all():

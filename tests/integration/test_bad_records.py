@@ -174,7 +174,7 @@ def test_undecodable_records_mid_crawl_become_dead_letters(
         assert store_made and all(d[0].startswith((topo.parsed + ":", topo.telemetry + ":"))
                                   for d in store_made)
         assert all(w.alive() for w in ws.all.values()), ws.logs()
-        assert stage_lags(s) == {"fetch": 0, "parse": 0, "store": 0, "retry": 0}
+        assert stage_lags(s) == {"fetch": 0, "parse": 0, "store": 0, "retry": 0, "revisit": 0}
         assert ws.all["store-0"].counter("dead_published") == len(store_made)
         assert site.count("/") == 1
 

@@ -238,7 +238,7 @@ def test_the_dashboards_after_a_drained_crawl_read_as_drained(
     last: dict[str, int] = {}
     for row in json.loads(depth.stdout):  # ordered by time
         last[row["stage"]] = int(row["lag"])
-    assert last == {"fetch": 0, "parse": 0, "store": 0, "retry": 0}, depth.stdout
+    assert last == {"fetch": 0, "parse": 0, "store": 0, "retry": 0, "revisit": 0}, depth.stdout
     rates = _cli(env, "sql", "--view", "throughput", "--format", "json")
     fetch = [float(r["records_per_s"]) for r in json.loads(rates.stdout) if r["stage"] == "fetch"]
     assert fetch and max(fetch) > 0, rates.stdout

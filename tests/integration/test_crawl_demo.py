@@ -92,7 +92,7 @@ def test_crawl_stores_exactly_the_reachable_allowed_pages(settings: Settings,
     last: dict[str, int] = {}
     for r in (dict(zip(cols, row, strict=True)) for row in rows):  # ordered by time
         last[str(r["stage"])] = int(r["lag"])
-    assert last == {"fetch": 0, "parse": 0, "store": 0, "retry": 0}, rows
+    assert last == {"fetch": 0, "parse": 0, "store": 0, "retry": 0, "revisit": 0}, rows
     cols, rows = run_query(settings, expand(views["throughput"].sql, 3600))
     fetch_rates = [float(r[2]) for r in rows if r[1] == "fetch"]
     assert fetch_rates and max(fetch_rates) > 0, rows

@@ -65,7 +65,7 @@ def test_the_drain_check_refuses_while_the_broker_holds_a_parked_job(
         assert not _watch(s, fleet, console, 8, time.monotonic()), out.getvalue()
         # The pipeline's four workers (the quarantine app reports too: analytics, no work)
         statuses = [st for st in read_statuses(s.status_dir) if st["stage"] in stages()]
-        assert len(statuses) == 4 and not any(holds_work(st["gauges"]) for st in statuses)
+        assert len(statuses) == 5 and not any(holds_work(st["gauges"]) for st in statuses)
         assert f"the broker holds: crawl.parked 1 live (p{entry.partition} 1)" \
             in out.getvalue(), out.getvalue()
 

@@ -570,7 +570,7 @@ def test_poison_dead_letters_without_looping(settings: Settings,
         assert frontier[poison_key.decode()] == 1
         assert frontier[f"{POISON_HOST}|default|{bad}"] == 3  # seed + 2 re-enqueued retries
         assert all(w.alive() for w in ws.all.values()), ws.logs()
-        assert stage_lags(s) == {"fetch": 0, "parse": 0, "store": 0, "retry": 0}
+        assert stage_lags(s) == {"fetch": 0, "parse": 0, "store": 0, "retry": 0, "revisit": 0}
 
     report("poison", requests_500=site.count("/always500.html"), dead_letters=len(dead),
            drain_s=round(drain_s, 1), total_s=round(time.monotonic() - started, 1))

@@ -36,7 +36,8 @@ def test_a_rolling_restart_of_brokers_then_workers_loses_and_repeats_nothing(
     steps = roll.detail.split(": ", 1)[1].split(", ")
     assert [s.split()[0] for s in steps[:3]] == ["broker"] * 3
     restarted = {r.worker for r in chaos.kills if r.cause == ROLLING_RESTART}
-    assert restarted == {"fetch-0", "fetch-1", "parse-0", "parse-1", "store-0", "retry-0"}
+    assert restarted == {"fetch-0", "fetch-1", "parse-0", "parse-1", "store-0", "retry-0",
+                         "revisit-0"}
     # The roll happened under load: pages were requested during every step, the last
     # worker's too (a roll after the crawl's end would print paces that say nothing).
     paces = {s.rsplit(" ", 1)[0]: float(s.rsplit(" ", 1)[1]) for s in steps}

@@ -37,6 +37,7 @@ def test_top_shows_the_fleet_live(settings: Settings, fleet: Callable[[Settings]
         create_all_topics(s)
         ws = fleet(s)
         ws.start_pipeline(fetch=2)
+        ws.start("revisit")  # every stage of the topology staffed: the fleet runs
         publish_seeds(s, site.urls(HOST, 200) + site.urls(QUIET, 3))
         wait_until(lambda: len(site.pages()) >= 10, 60, "the crawl under way")
         control.pause(s, QUIET)  # targets are hosts (target_mode host)

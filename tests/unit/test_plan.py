@@ -26,7 +26,7 @@ def test_one_billion_pages_a_day() -> None:
     p = plan(1e9, 10_000_000, 2.0, COSTS)
     assert round(p.pages_per_s) == 11_574  # 1e9 / 86,400
     # fetch: 11,574 x 0.0004 s = 4.63 CPU-s/s over 0.8 per worker -> 6 workers
-    assert p.workers == {"fetch": 6, "parse": 5, "store": 3, "retry": 1}
+    assert p.workers == {"fetch": 6, "parse": 5, "store": 3, "retry": 1, "revisit": 1}
     # written: 11,574 x 16,260 B = 188.2 MB/s, x3 replicas = 564.6 MB/s -> 6 brokers at 100
     assert p.broker_mb_s == pytest.approx(564.58, abs=0.1) and p.brokers == 6
     # fetched: 138.9 MB/s over 5 MB/s per partition -> 28 partitions

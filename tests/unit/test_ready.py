@@ -51,7 +51,7 @@ def _fleet_of_one_each(settings: Settings, fetch: list[list[tuple[str, int]]]) -
     for i, held in enumerate(fetch):
         _write(settings.status_dir, "fetch", f"fetch-{i}", me, held)
         pids[f"fetch-{i}"] = me
-    for stage in ("parse", "store", "retry"):
+    for stage in ("parse", "store", "retry", "revisit"):
         _write(settings.status_dir, stage, f"{stage}-0", me, _whole(settings, stage, range(4)))
         pids[f"{stage}-0"] = me
     return _Fleet(Plan(fetch_workers=len(fetch)), pids)

@@ -17,8 +17,9 @@ def test_the_wipe_finds_each_declared_store_where_the_stage_keeps_it(tmp_path: P
     assert state_dirs(s, "fetch", "fetch-0") == [tmp_path / "seen" / "c1-ab" / "fetch-0",
                                                   tmp_path / "parked" / "c1-ab" / "fetch-0"]
     assert state_dirs(s, "retry", "retry-1") == [store_dir(s, "timers", "retry-1")]
+    assert state_dirs(s, "revisit", "revisit-0") == [store_dir(s, "due", "revisit-0")]
     assert state_dirs(s, "parse", "parse-0") == []
-    assert stateful_stages() == ("fetch", "retry")
+    assert stateful_stages() == ("fetch", "retry", "revisit")
 
 
 def test_a_declared_stage_with_a_store_is_wiped_too(tmp_path: Path) -> None:

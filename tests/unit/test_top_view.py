@@ -37,7 +37,7 @@ def _text(snap: Snapshot) -> str:
 
 def _idle(members: dict[str, list[str]]) -> Snapshot:
     return Snapshot(at=0.0, stages={st: StageView(0, 0.0, members.get(st, []), [0])
-                                    for st in ("fetch", "parse", "store", "retry")},
+                                    for st in ("fetch", "parse", "store", "retry", "revisit")},
                     paused=False, paused_targets=[], caps={})
 
 
@@ -51,7 +51,7 @@ def test_an_idle_broker_reads_no_workers_not_running() -> None:
 def test_a_fleet_with_a_stage_unstaffed_is_partly_running() -> None:
     some = _idle({"fetch": ["fetch-0"], "parse": ["parse-0"], "store": ["store-0"]})
     assert "fleet partly running" in _text(some)
-    every = _idle({st: [f"{st}-0"] for st in ("fetch", "parse", "store", "retry")})
+    every = _idle({st: [f"{st}-0"] for st in ("fetch", "parse", "store", "retry", "revisit")})
     assert "fleet running" in _text(every) and "1: retry-0" in _text(every)
 
 

@@ -125,7 +125,8 @@ def test_retry_topics_use_log_append_time() -> None:
         assert spec.config["message.timestamp.type"] == "LogAppendTime"
         assert spec.record == "CrawlJob"
     for spec in topo.specs():
-        if spec.name not in [*topo.retry_topics, topo.timers]:
+        if spec.name not in [*topo.retry_topics, topo.timers, topo.revisits,
+                             "crawl.revisit.timers"]:
             assert "message.timestamp.type" not in spec.config
 
 
@@ -172,7 +173,7 @@ def test_retry_tiers_are_sorted_topics() -> None:
 def test_every_stage_declares_its_inputs_once() -> None:
     from schemas.stages import analytics_stages, stages
     topo = Topology(prefix="p.")
-    assert stages() == ("fetch", "parse", "store", "retry")
+    assert stages() == ("fetch", "parse", "store", "retry", "revisit")
     assert analytics_stages() == ("quarantine",)
     assert topo.inputs("fetch") == [topo.frontier, topo.frontier_high]
     assert topo.inputs("parse") == [topo.fetched]

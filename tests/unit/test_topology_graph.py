@@ -123,7 +123,7 @@ def test_a_stage_writes_only_what_it_declares() -> None:
 
 
 def test_traits_are_read_from_the_declarations() -> None:
-    assert stages_where("start_late") == ("retry", "quarantine")
+    assert stages_where("start_late") == ("retry", "revisit", "quarantine")
     assert stages_where("store_owner") == ("store",)
     assert stages_where("sends_requests") == ("fetch",)
     assert stage_spec("fetch").store_names == ("seen", "parked")

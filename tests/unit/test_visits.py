@@ -14,6 +14,7 @@ from consumers.parse import ParseStage, RecentSet
 from consumers.signature import text_signature
 from consumers.store import keeps_version, visit_outcome, visit_row
 from core.config import load_settings
+from core.revisits import RevisitPolicies
 from infra.topics import topology_of
 from schemas.keys import job_dedupe_key
 from schemas.records import CrawlJob, FetchResult, ParsedPage
@@ -111,13 +112,21 @@ class _Gate:
         self.added = n
 
 
-def _parse(job: CrawlJob, status: int, body: bytes,
-           validators: dict[str, str] | None = None) -> tuple[ParsedPage, list[CrawlJob]]:
+def _parse(job: CrawlJob, status: int, body: bytes, validators: dict[str, str] | None = None,
+           revisit: str = "once") -> tuple[ParsedPage, list[CrawlJob]]:
+    page, jobs, _ = _parse_all(job, status, body, validators, revisit)
+    return page, jobs
+
+
+def _parse_all(job: CrawlJob, status: int, body: bytes, validators: dict[str, str] | None,
+               revisit: str) -> tuple[ParsedPage, list[CrawlJob], list[CrawlJob]]:
+    """The page, the link jobs and the next visits of a parse."""
     s = load_settings(topic_prefix="u.", partitions=4)
     stage = object.__new__(ParseStage)  # its parsing alone: no consumer, no gate thread
     stage.settings, stage.topology = s, topology_of(s)
     stage.encoder, stage.worker = Encoder(stage.topology, "p1"), "p1"
     stage._recent, stage._allowed, stage._gate = RecentSet(), frozenset(), _Gate()  # type: ignore[assignment]
+    stage._revisits = RevisitPolicies(revisit, {})
     stage.status = type("S", (), {"add": lambda *a: None})()  # type: ignore[assignment]
     result: FetchResult = {
         "job": job, "final_url": URL, "status": status, "content_type": "text/html",
@@ -129,8 +138,10 @@ def _parse(job: CrawlJob, status: int, body: bytes,
     codec, topo = stage.encoder.codec, stage.topology
     page = codec.decode_as(ParsedPage, outs[0].value, outs[0].headers)
     jobs = [codec.decode_as(CrawlJob, o.value, o.headers) for o in outs[1:]
-            if topo.record_of(o.topic) == "CrawlJob"]
-    return page, jobs
+            if topo.record_of(o.topic) == "CrawlJob" and o.topic != topo.revisits]
+    nxt = [codec.decode_as(CrawlJob, o.value, o.headers) for o in outs
+           if o.topic == topo.revisits]
+    return page, jobs, nxt
 
 
 HTML = b"<html><title>T</title><body><p>The bridge is open at 12:00.</p>" \
@@ -187,3 +198,30 @@ def test_every_visit_is_a_row_and_a_304_keeps_the_last_version(
     row = visit_row(page)  # type: ignore[arg-type]
     assert (row[1], row[6], row[7], row[8], row[10]) == (visit, status, outcome, int(changed),
                                                          ETAG)
+
+
+# --- the next visit parse plans ------------------------------------------------------------
+
+def test_a_visit_plans_the_next_one_with_what_it_answered() -> None:
+    _, _, (nxt,) = _parse_all(_job(meta={"campaign": "c", "egress": "p1"}), 200, HTML,
+                              {"etag": ETAG}, "every 6h")
+    assert (nxt["url"], nxt["visit"], nxt["delay_ms"]) == (URL, 1, 6 * 3600 * 1000)
+    assert nxt["validators"]["etag"] == ETAG and len(nxt["validators"]["signature"]) == 32
+    # the user's meta goes on, with the interval; not the egress this visit went through
+    assert nxt["meta"] == {"campaign": "c", "revisit_interval_s": "21600"}
+    assert job_dedupe_key(nxt) == f"default|{URL} visit:1"
+
+
+def test_an_adaptive_revisit_grows_while_unchanged_and_shrinks_on_a_change() -> None:
+    _, _, (n1,) = _parse_all(_job(), 200, HTML, None, "adaptive 1h..1d")
+    assert n1["delay_ms"] == 3600_000  # the first revisit: the minimum
+    _, _, (n2,) = _parse_all(n1, 304, b"", {"etag": ETAG}, "adaptive 1h..1d")
+    assert (n2["visit"], n2["delay_ms"]) == (2, 5400_000)  # unchanged: x1.5
+    _, _, (n3,) = _parse_all(n2, 200, HTML.replace(b"open", b"shut"), None,
+                             "adaptive 1h..1d")
+    assert n3["delay_ms"] == 3600_000  # changed: x0.5, floored at the minimum
+
+
+def test_once_plans_nothing_and_a_failed_visit_plans_nothing() -> None:
+    assert _parse_all(_job(), 200, HTML, None, "once")[2] == []
+    assert _parse_all(_job(), 404, b"gone", None, "every 1h")[2] == []

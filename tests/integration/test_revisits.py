@@ -1,0 +1,110 @@
+"""Revisits on the real broker and store (issue 45): pages visited again on their
+interval by the revisit stage's keyed timers, each visit fetched and stored once, a kill -9
+of the timer owner while revisits are due firing each of them exactly once.
+
+Intervals are seconds here (``every 3s``): timers run on broker time, which a test cannot
+speed up, so the cycles are short instead; the policies' arithmetic over long simulated
+spans is ``tests/unit/test_revisit_policy.py``'s.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+import pytest
+
+from core.config import Settings
+from core.urls import canonicalize
+from sites.changing_site import ChangingSite
+from streams.status import holds_work
+from tests.integration.fleet_helpers import (
+    Workers,
+    create_all_topics,
+    publish_seeds,
+    query,
+    scalar,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+HOST = "127.0.0.7"
+MODES = {"/e0": "etag", "/e1": "etag", "/m0": "last_modified", "/n0": "none",
+         "/c0": "clock", "/c1": "clock"}
+
+
+def _visits(s: Settings) -> dict[str, list[tuple[int, str]]]:
+    """Each page's visits (number, outcome), in order; the raw rows, so a visit stored
+    twice shows twice."""
+    out: dict[str, list[tuple[int, str]]] = collections.defaultdict(list)
+    for url, visit, outcome in query(s, "SELECT url, visit, outcome FROM page_visits "
+                                        "ORDER BY url, visit"):
+        out[str(url)].append((int(visit), str(outcome)))
+    return out
+
+
+def _at_least(s: Settings, urls: list[str], n: int) -> Callable[[], bool]:
+    return lambda: all(len({v for v, _ in _visits(s).get(u, [])}) >= n for u in urls)
+
+
+def test_pages_are_revisited_on_their_interval_once_per_visit_across_a_kill(
+        settings: Settings, site_port: int, fleet: Callable[[Settings], Workers]) -> None:
+    s = settings.replace(revisit="every 3s")
+    create_all_topics(s)
+    ws = fleet(s)
+    with ChangingSite(HOST, site_port) as site:
+        urls = [canonicalize(site.add(path, mode)) for path, mode in MODES.items()]
+        ws.start_pipeline()
+        revisit = ws.start("revisit")
+        publish_seeds(s, urls)
+        wait_until(_at_least(s, urls, 1), 90, "every first visit stored")
+        # The next visits are on the revisit worker's timers now: kill it before they are
+        # due, then start it again; each must fire once, from the restored timers.
+        wait_until(lambda: revisit.gauge("timers_planned") >= len(urls), 30,
+                   "the next visits planned")
+        # planned visits are not held work: a drain (crawl's, chaos's) does not wait on them
+        assert not holds_work(revisit.status()["gauges"]), revisit.status()["gauges"]
+        revisit.kill()
+        site.change("/n0")  # its words change before its second visit
+        ws.restart("revisit-0")
+        wait_until(_at_least(s, urls, 3), 120, "three visits of every page")
+        requests = {p: site.count(p) for p in MODES}
+        visits = _visits(s)
+    for url in urls:
+        numbers = [v for v, _ in visits[url]]
+        # visits 0, 1, 2 ... each stored once, none skipped
+        assert numbers == list(range(len(numbers))), (url, visits[url])
+    for path, url in zip(MODES, urls, strict=True):
+        # one request per visit made (a visit in flight at the end may add one)
+        assert len(visits[url]) <= requests[path] <= len(visits[url]) + 1, (path, requests)
+        outcomes = [o for _, o in visits[url]]
+        assert outcomes[0] == "new"
+        expected = {"etag": "not_modified", "last_modified": "not_modified",
+                    "clock": "unchanged"}.get(MODES[path])
+        if expected is not None:
+            assert set(outcomes[1:]) == {expected}, (path, outcomes)
+    n0 = [o for _, o in visits[urls[list(MODES).index("/n0")]]]
+    assert n0[1] == "changed" and set(n0[2:]) <= {"unchanged"}, n0
+
+
+def test_a_revisit_is_a_job_like_any_other_robots_txt_included(
+        settings: Settings, site_port: int, fleet: Callable[[Settings], Workers]) -> None:
+    """The site disallows the page after its first visit: the revisit asks robots.txt
+    again (its rules expired) and is dead-lettered, never fetched; nothing follows it."""
+    s = settings.replace(revisit="every 2s", robots_ttl_s=1.0)
+    create_all_topics(s)
+    ws = fleet(s)
+    with ChangingSite(HOST, site_port) as site:
+        url = canonicalize(site.add("/p", "etag"))
+        ws.start_pipeline()
+        ws.start("revisit")
+        publish_seeds(s, [url])
+        wait_until(lambda: _visits(s).get(url), 60, "the first visit stored")
+        site.set("/robots.txt", (200, "User-agent: *\nDisallow: /p\n", {}))
+        wait_until(lambda: scalar(s, "SELECT count() FROM dead_letters_v "
+                                     "WHERE reason = 'robots_disallowed'") >= 1, 60,
+                   "the revisit refused by robots.txt")
+        requests = site.count("/p")
+    assert requests == 1  # the first visit only
+    assert [v for v, _ in _visits(s)[url]] == [0]
