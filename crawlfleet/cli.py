@@ -314,7 +314,7 @@ def demo_cmd(port: Annotated[int, typer.Option(
 
 # The operator commands register themselves on ``app`` when imported (after these, so the
 # help lists the everyday commands first).
-from crawlfleet import cli_ops  # noqa: E402,F401
+from crawlfleet import cli_dashboard, cli_ops  # noqa: E402,F401
 
 
 def main() -> None:
