@@ -62,11 +62,12 @@ def window_data(req: DataRequest, panels: dict[str, tuple[Panel, View]], query: 
     The window and its bucket are fixed once, so every panel covers the same span and a
     ``crawlfleet sql --view NAME --since {since_s}s`` run shows the same figures."""
     began = time.monotonic()
+    at = iso_utc(time.time())  # the figures are as of the start of their queries
     try:
         age = store_age(query) if req.window == "all" else None
     except CrawlfleetError as exc:  # no store yet, or one held: said once, for the page
         return {"window": req.window, "since_s": None, "bucket_s": None, "panels": {},
-                "store_error": str(exc), "at": iso_utc(time.time())}
+                "store_error": str(exc), "at": at}
     since_s = window_seconds(req.window, age)
     bucket_s = bucket_for(since_s)
     out: dict[str, Any] = {}
@@ -80,7 +81,7 @@ def window_data(req: DataRequest, panels: dict[str, tuple[Panel, View]], query: 
         out[name] = got
     return {"window": req.window, "since_s": since_s, "bucket_s": bucket_s, "panels": out,
             "store_error": store_error, "approved": approved,
-            "at": iso_utc(time.time()), "took_s": round(time.monotonic() - began, 3)}
+            "at": at, "took_s": round(time.monotonic() - began, 3)}
 
 
 def _store_missing(error: str) -> bool:

@@ -126,7 +126,7 @@ def _refused(request: web.Request, why: str) -> web.Response:
     if request.path.startswith("/api/"):
         return _json({"error": why}, status=403)
     text = ("<!doctype html><meta charset=utf-8><title>crawlfleet dashboard: refused</title>"
-            f"<p>refused: {_escape(why)}</p>")
+            f'<link rel="icon" href="data:,"><p>refused: {_escape(why)}</p>')
     return web.Response(status=403, text=text, content_type="text/html")
 
 

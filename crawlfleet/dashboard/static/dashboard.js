@@ -99,7 +99,7 @@ function render(data) {
     } else if (!got.rows.length) {
       body.append(el("p", { class: "empty" }, got.empty));
     } else if (p.kind === "series") {
-      drawSeries(p, got, body);
+      drawSeries(p, got, body, data);
     } else {
       body.append(table(p, got, data.approved));
     }
@@ -135,8 +135,12 @@ function seriesData(p, got) {
   return { xs, labels: [...lines.keys()], ys: [...lines.values()] };
 }
 
-function drawSeries(p, got, body) {
+function drawSeries(p, got, body, data) {
   const { xs, labels, ys } = seriesData(p, got);
+  // The x axis spans the chosen window, ending at the answer's time: the time control
+  // changes the picture as well as the figures.
+  const to = Date.parse(data.at) / 1000;
+  const from = Math.min(to - data.since_s, xs[0]);
   const holder = el("div", { class: "chart" });
   body.append(holder);
   if (xs.length < 2) {
@@ -146,7 +150,7 @@ function drawSeries(p, got, body) {
   const width = Math.max(300, body.clientWidth || 480);
   const opts = {
     width, height: 200,
-    scales: { x: { time: true } },
+    scales: { x: { time: true, range: () => [from, to] } },
     axes: [{}, { label: p.unit, size: 60 }],
     series: [{}, ...labels.map((label, i) => ({
       label, stroke: COLORS[i % COLORS.length], width: 2, spanGaps: false,
@@ -183,7 +187,9 @@ function table(p, got, approved) {
     });
     head.append(th);
   });
-  if (approvedSet) head.append(el("th", { "data-col": "approved" }, "approved"));
+  // The approval mark right after the tuple it marks.
+  if (approvedSet) head.insertBefore(el("th", { "data-col": "approved" }, "approved"),
+                                     head.children[1] || null);
   t.append(el("thead", {}, head));
   let rows = got.rows.slice();
   if (sort && sort.col in idx) {
@@ -205,15 +211,19 @@ function table(p, got, approved) {
     if (approvedSet) {
       const ok = approvedSet.has(String(r[idx.version_tuple]));
       if (!ok) tr.classList.add("unapproved");
-      tr.append(el("td", { "data-col": "approved" },
-                   ok ? "yes" : el("span", { class: "badge" }, "unapproved")));
+      tr.insertBefore(el("td", { "data-col": "approved" },
+                         ok ? "yes" : el("span", { class: "badge" }, "unapproved")),
+                      tr.children[1] || null);
     }
     tb.append(tr);
   }
   t.append(tb);
   wrap.append(t);
   if (p.approval && approved) {
-    const note = el("p", { class: "note" }, approved.note);
+    const marks = approved.tuples && approved.tuples.length
+      ? "; a tuple outside the approved set is marked unapproved (its workers refuse to consume)"
+      : "";
+    const note = el("p", { class: "note" }, "approved set: " + approved.note + marks);
     const box = el("div", {}, wrap, note);
     return box;
   }
