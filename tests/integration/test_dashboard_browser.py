@@ -181,6 +181,7 @@ def test_dashboard_in_a_browser_on_a_crawl(dashboard: tuple[str, Settings],
         page.evaluate("window.__sameLoad = true")
 
         # 1 h: every panel holds sql --view's figures; the crawl's tuple is not approved.
+        assert "(3600 s, buckets of 60 s)" in page.inner_text("#status")
         shown = _check_window(page, s)
         assert sum(int(r["good_pages"]) for r in shown["good_pages"]) > 0
         assert shown["target_health"] and shown["queue_depth"]
@@ -190,8 +191,12 @@ def test_dashboard_in_a_browser_on_a_crawl(dashboard: tuple[str, Settings],
         page.click("#windows button[data-window='15m']")
         _wait_js(page, "document.body.dataset.since === '900'")
         seq = _rendered(page, seq)
+        assert "(900 s, buckets of 10 s)" in page.inner_text("#status")
         fifteen = _check_window(page, s)
-        assert len(fifteen["good_pages"]) >= len(shown["good_pages"])
+        assert all(r["time"][17:19] in ("00", "10", "20", "30", "40", "50")
+                   for r in fifteen["good_pages"])
+        assert sum(int(r["pages"]) for r in fifteen["good_pages"]) == \
+            sum(int(r["pages"]) for r in shown["good_pages"])  # the same pages, rebucketed
         page.click("#windows button[data-window='all']")
         _wait_js(page, "document.body.dataset.window === 'all'")
         seq = _rendered(page, seq)
