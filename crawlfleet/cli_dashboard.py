@@ -30,7 +30,7 @@ def dashboard_cmd(port: Annotated[int | None, typer.Option(
                       help=setting_help("Port on 127.0.0.1 (0 = any free port).",
                                         "dashboard_port"))] = None,
                   refresh: Annotated[float, typer.Option(
-                      help="Seconds between the page's refreshes.")] = 5.0,
+                      min=0.5, help="Seconds between the page's refreshes.")] = 5.0,
                   approvals: Annotated[bool, typer.Option(
                       help="Read the approved version tuples from crawl.control, to mark "
                       "unapproved ones (needs Kafka).")] = True,

@@ -258,3 +258,43 @@ def test_the_server_refuses_without_the_token_and_trades_it_for_a_cookie() -> No
         assert (await client.get("/static/nothing.js")).status == 404
         assert (await client.post("/api/data")).status == 405
     _serve(check)
+
+
+def test_serve_binds_loopback_prints_the_url_and_stops() -> None:
+    import aiohttp
+
+    from crawlfleet.dashboard.server import serve
+
+    async def main() -> None:
+        dash = Dashboard(FakeStore({}))
+        stop = asyncio.Event()
+        urls: list[str] = []
+        task = asyncio.create_task(serve(dash, 0, urls.append, stop))
+        while not urls:
+            await asyncio.sleep(0.01)
+        (url,) = urls
+        assert url.startswith(f"http://127.0.0.1:{dash.port}/?token=") and dash.port > 0
+        # A jar that keeps cookies of an IP address, as a browser does (aiohttp's does not).
+        jar = aiohttp.CookieJar(unsafe=True)
+        async with aiohttp.ClientSession(cookie_jar=jar) as session, session.get(url) as resp:
+            # It followed the 303, the cookie with it.
+            assert resp.status == 200 and str(resp.url).endswith(f":{dash.port}/")
+        stop.set()
+        await task
+    asyncio.run(main())
+
+
+def test_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    import socket
+
+    from typer.testing import CliRunner
+
+    from crawlfleet.cli import app
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = CliRunner().invoke(app, ["dashboard", "--port", str(port), "--no-approvals",
+                                       "--data-dir", str(tmp_path)])
+    assert out.exit_code == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in out.output
