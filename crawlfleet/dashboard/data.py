@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from core.errors import CrawlfleetError
+from core.errors import CrawlfleetError, QueryError
 from core.timefmt import iso_utc
 from crawlfleet.dashboard.panels import Panel
 from crawlfleet.dashboard.params import DataRequest, window_seconds
@@ -44,10 +44,11 @@ def store_age(query: Query) -> float | None:
 
 def panel_data(panel: Panel, view: View, since_s: int, bucket_s: int, query: Query,
                max_rows: int = MAX_ROWS) -> dict[str, Any]:
-    """One panel's rows for the window, or the engine's reason it has none."""
+    """One panel's rows for the window, or the engine's reason it has none (any other
+    error, such as no store or one held too long, is the whole page's: raised)."""
     try:
         cols, rows = query(capped(expand(view.sql, since_s, bucket_s), max_rows))
-    except CrawlfleetError as exc:
+    except QueryError as exc:
         return {"columns": [], "rows": [], "truncated": False, "error": str(exc),
                 "empty": None}
     return {"columns": cols, "rows": rows[:max_rows], "truncated": len(rows) > max_rows,
@@ -74,15 +75,12 @@ def window_data(req: DataRequest, panels: dict[str, tuple[Panel, View]], query: 
     store_error = None
     for name in req.panels:
         panel, view = panels[name]
-        got = panel_data(panel, view, since_s, bucket_s, query, max_rows)
-        if got["error"] and _store_missing(got["error"]):
-            store_error = got["error"]
+        try:
+            out[name] = panel_data(panel, view, since_s, bucket_s, query, max_rows)
+        except CrawlfleetError as exc:  # no store, or one held: the rest would say the same
+            store_error = str(exc)
             break
-        out[name] = got
     return {"window": req.window, "since_s": since_s, "bucket_s": bucket_s, "panels": out,
             "store_error": store_error, "approved": approved,
             "at": at, "took_s": round(time.monotonic() - began, 3)}
 
-
-def _store_missing(error: str) -> bool:
-    return error.startswith("no crawl store at")

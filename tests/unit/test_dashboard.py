@@ -199,6 +199,27 @@ def test_a_store_that_does_not_exist_is_said_once() -> None:
     assert got["store_error"].startswith("no crawl store") and got["panels"] == {}
 
 
+def test_an_engine_error_is_the_panels_and_a_held_store_the_pages() -> None:
+    from core.errors import QueryError
+    from infra.clickhouse import StoreHeldError
+
+    def query(sql: str) -> tuple[list[str], list[list[Any]]]:
+        if "fetch_events" in sql:
+            raise QueryError("Unknown table expression identifier 'fetch_events'")
+        return ["c"], [[1]]
+
+    got = window_data(DataRequest("1h", tuple(NAMES)), panels(), query)
+    assert got["store_error"] is None
+    assert "Unknown table" in got["panels"]["target_health"]["error"]
+    assert got["panels"]["good_pages"]["rows"] == [[1]]
+
+    def held(sql: str) -> tuple[list[str], list[list[Any]]]:
+        raise StoreHeldError("the store at /x is open in a reader", None, False)
+
+    got = window_data(DataRequest("1h", tuple(NAMES)), panels(), held)
+    assert got["store_error"] == "the store at /x is open in a reader" and not got["panels"]
+
+
 def test_capping_wraps_the_view() -> None:
     assert capped("SELECT 1", 10) == "SELECT * FROM (\nSELECT 1\n) LIMIT 11"
 
