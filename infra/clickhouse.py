@@ -59,10 +59,12 @@ TOKEN_HEADER = "X-Crawlfleet-Token"  # noqa: S105 - a header name
 #: writes, no settings changes, and no table functions that reach out of the store --
 #: ``url``, ``file``, ``remote``, ``s3`` ... are refused in readonly mode), stopped by the
 #: engine past the time the endpoint's client waits (60 s) and past a memory budget, so no
-#: reader starves the store worker serving it. The query's own SETTINGS clause cannot lift
-#: them (readonly). Result rows are capped by whoever shows them (the dashboard's max_rows).
-READ_ONLY_SETTINGS: dict[str, int] = {"readonly": 1, "max_execution_time": 60,
-                                      "max_memory_usage": 1 << 30}
+#: reader starves the store worker serving it; the query's own SETTINGS clause cannot lift
+#: them. ``readonly`` comes last: chDB applies a query's settings in order on a session that
+#: keeps the previous query's readonly, so a limit after it is refused as a settings change
+#: from the second query on. Result rows are capped by whoever shows them (the dashboard).
+READ_ONLY_SETTINGS: dict[str, int] = {"max_execution_time": 60, "max_memory_usage": 1 << 30,
+                                      "readonly": 1}
 #: Held by the store worker for its whole life: while it is held, readers never open the path.
 OWNER_LOCK = "owner.lock"
 #: Held by whoever has the engine open (the store worker, or one reader for one query).
