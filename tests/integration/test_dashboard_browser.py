@@ -187,6 +187,16 @@ def test_dashboard_in_a_browser_on_a_crawl(dashboard: tuple[str, Settings],
         assert shown["target_health"] and shown["queue_depth"]
         assert all(r["approved"] == "unapproved" for r in shown["version_success"])
 
+        # Target health sorts by a column's header: descending, then ascending.
+        col = "#panel-target_health th[data-col='requests']"
+        cells = ("() => [...document.querySelectorAll(\"#panel-target_health tbody "
+                 "td[data-col='requests']\")].map(c => Number(c.textContent))")
+        page.click(col)
+        desc = page.evaluate(cells)
+        page.click(col)
+        asc = page.evaluate(cells)
+        assert desc == sorted(desc, reverse=True) and asc == sorted(asc) and len(asc) == 3
+
         # The time control: 15 min buckets by 30 s, where 1 h bucketed by 60 s.
         page.click("#windows button[data-window='15m']")
         _wait_js(page, "document.body.dataset.since === '900'")
