@@ -3,6 +3,10 @@
 Links pass the scope rules and a per-worker recently-emitted filter before they are
 published; the authoritative dedupe is the fetch stage's seen store, which owns the
 target's partition.
+
+A revisit (``visit`` > 0) is a visit of its own: a 304 to its conditional GET is unchanged
+with nothing to parse; a 200 is changed when its text signature (``consumers.signature``)
+differs from the last visit's. An unchanged revisit puts no link on the frontier again.
 """
 
 from __future__ import annotations
@@ -10,13 +14,16 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Message
 
 from consumers.attempts import fetch_event
+from consumers.fetch.conditional import NOT_MODIFIED, SIGNATURE
 from consumers.html import extract
 from consumers.scope import follow
+from consumers.signature import text_signature
 from core import __version__
 from core.errors import CrawlfleetError, InternalError
 from core.profiles import DIRECT, EGRESS_META
@@ -63,6 +70,14 @@ class RecentSet:
         if len(self._items) > self._capacity:
             self._items.popitem(last=False)
         return True
+
+
+@dataclass(frozen=True)
+class Visit:
+    """What a fetched page is as a visit: changed since the last one, and its signature."""
+
+    changed: bool
+    signature: str
 
 
 class ParseStage(BatchStage):
@@ -123,18 +138,29 @@ class ParseStage(BatchStage):
 
     def _outputs(self, result: FetchResult) -> list[Output]:
         job = result["job"]
+        visit = int(job.get("visit") or 0)
+        last = (job.get("validators") or {}).get(SIGNATURE, "")
+        if result["status"] == NOT_MODIFIED and visit > 0:
+            # unchanged since the last visit: nothing to parse, no links again
+            return [self._page_output(result, "", "", [], [], Visit(False, last))]
         ok = 200 <= result["status"] <= 299
         page = extract(result["body"], result["final_url"], result["content_type"]) if ok \
             else None
         links = page.links if page else []
-        jobs, enqueued = self._link_jobs(job, links)
+        signature = text_signature(page.text) if page else ""
+        changed = visit == 0 or not last or signature != last
+        # a revisit whose text is the last visit's puts no link on the frontier again
+        jobs, enqueued = self._link_jobs(job, links) if changed else ([], [])
         return [self._page_output(result, page.title if page else "",
-                                  page.text if page else "", links, enqueued), *jobs]
+                                  page.text if page else "", links, enqueued,
+                                  Visit(changed, signature)), *jobs]
 
     def _page_output(self, result: FetchResult, title: str, text: str,
-                     links: list[str], enqueued: list[EnqueuedLink]) -> Output:
+                     links: list[str], enqueued: list[EnqueuedLink], visit: Visit) -> Output:
         job = result["job"]
         key = page_key(job)
+        validators = {**result.get("validators", {}), SIGNATURE: visit.signature} \
+            if visit.signature else dict(result.get("validators", {}))
         page: ParsedPage = {
             "dedupe_key": key, "url": job["url"], "final_url": result["final_url"],
             "target": job["target"], "profile": job["profile"], "depth": job["depth"],
@@ -151,7 +177,12 @@ class ParseStage(BatchStage):
             # FetchResult: that attempt's event is a crawl.telemetry record)
             "attempt": job["attempt"], "outcome": result["outcome"],
             "reason": result["reason"], "attempt_ms": result["attempt_ms"],
-            "fetcher_version": result["fetcher_version"]}
+            "fetcher_version": result["fetcher_version"],
+            # the visit, and what its next one needs (issue 45)
+            "visit": int(job.get("visit") or 0), "changed": visit.changed,
+            "signature": visit.signature, "validators": validators,
+            "pinned": bool(job.get("pinned", True)), "priority": job.get("priority", 0),
+            "meta": {k: v for k, v in link_meta(job.get("meta")).items() if k != EGRESS_META}}
         return self.encoder.record(self.topology.parsed, job["target"], key.encode(), page)
 
     def _link_jobs(self, job: CrawlJob, links: list[str]
@@ -201,7 +232,8 @@ def link_job(page: CrawlJob, link: str, target: str, meta: dict[str, str]) -> Cr
     return {"url": link, "target": target, "profile": page["profile"],
             "depth": page["depth"] + 1, "attempt": 0, "parent_url": page["url"],
             "last_error": None, "priority": page.get("priority", 0), "meta": meta,
-            "delay_ms": 0, "pinned": bool(page.get("pinned", True))}
+            "delay_ms": 0, "pinned": bool(page.get("pinned", True)), "kind": "page",
+            "visit": 0, "validators": {}}
 
 
 def link_meta(meta: dict[str, str] | None) -> dict[str, str]:

@@ -34,6 +34,7 @@ from typing import Any
 
 from confluent_kafka import Message
 
+from consumers.fetch.conditional import ETAG, LAST_MODIFIED, NOT_MODIFIED
 from consumers.sampler import QueueSampler
 from core.config import Settings
 from core.errors import DecodeError, InfraError
@@ -42,6 +43,7 @@ from infra.clickhouse import (
     EVENT_COLUMNS,
     LINEAGE_COLUMNS,
     PAGE_COLUMNS,
+    VISIT_COLUMNS,
     Store,
     StoreHeldError,
     StoreOwnership,
@@ -106,6 +108,29 @@ def page_row(p: ParsedPage) -> tuple[Any, ...]:
             p["parse_worker"], _fetched_at(p.get("parsed_at_ms", 0)),
             p.get("profile_bundle_version", ""), p.get("http_version", ""),
             p.get("tls_version", ""), p.get("code_revision", ""))
+
+
+def visit_outcome(p: ParsedPage) -> str:
+    """A visit's outcome: new (a first visit), changed, unchanged or not_modified (a 304)."""
+    if p.get("visit", 0) == 0:
+        return "new"
+    if p["status"] == NOT_MODIFIED:
+        return "not_modified"
+    return "changed" if p.get("changed", True) else "unchanged"
+
+
+def visit_row(p: ParsedPage) -> tuple[Any, ...]:
+    v = p.get("validators") or {}
+    return (p["dedupe_key"], p.get("visit", 0), p["url"], p["target"], p["profile"],
+            _fetched_at(p["fetched_at_ms"]), p["status"], visit_outcome(p),
+            int(p.get("changed", True)), p.get("signature", ""), v.get(ETAG, ""),
+            v.get(LAST_MODIFIED, ""))
+
+
+def keeps_version(p: ParsedPage) -> bool:
+    """Whether the page's row goes to ``pages``: not for a 304, whose body is the last
+    version's (kept there as it was)."""
+    return not (p["status"] == NOT_MODIFIED and p.get("visit", 0) > 0)
 
 
 def _fetched_at(v: TimestampMs) -> datetime:
@@ -175,13 +200,15 @@ def quarantine_row(source: str, q: QuarantineEvent) -> tuple[Any, ...]:
 #: record that decodes yet holds a value outside one (a negative depth, say) would fail its
 #: whole batch's insert, and again on every replay: it is refused on its own instead.
 _UINT_MAX = {"depth": 0xFFFF, "status": 0xFFFF, "attempt": 0xFFFF, "attempts": 0xFFFF,
+             "visit": 0xFFFFFFFF, "changed": 0xFF,
              "body_bytes": 0xFFFFFFFF, "elapsed_ms": 0xFFFFFFFF, "bytes": 0xFFFFFFFF,
              "blocks": 0xFFFF, "second_order": 0xFF}
 _UINT_COLUMNS: dict[str, tuple[tuple[int, str, int], ...]] = {
     table: tuple((i, c, _UINT_MAX[c]) for i, c in enumerate(cols) if c in _UINT_MAX)
     for table, cols in (("pages", PAGE_COLUMNS), ("fetch_events", EVENT_COLUMNS),
                         ("dead_letters", DEAD_COLUMNS), ("lineage", LINEAGE_COLUMNS),
-                        ("quarantines", QUARANTINE_COLUMNS))}
+                        ("quarantines", QUARANTINE_COLUMNS),
+                        ("page_visits", VISIT_COLUMNS))}
 
 
 def fits(table: str, row: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -289,7 +316,7 @@ class StoreStage(SinkStage):
     def write(self, batch: list[Message]) -> dict[tuple[str, int], int]:
         rows: dict[str, list[Sequence[Any]]] = {"pages": [], "fetch_events": [],
                                                   "dead_letters": [], "lineage": [],
-                                                  "quarantines": []}
+                                                  "quarantines": [], "page_visits": []}
         ranges: dict[tuple[str, int], list[int]] = {}
         dead: list[Output] = []
         for msg in batch:
@@ -321,7 +348,8 @@ class StoreStage(SinkStage):
                                              "fetch_events": EVENT_COLUMNS,
                                              "dead_letters": DEAD_COLUMNS,
                                              "lineage": LINEAGE_COLUMNS,
-                                             "quarantines": QUARANTINE_COLUMNS}
+                                             "quarantines": QUARANTINE_COLUMNS,
+                                             "page_visits": VISIT_COLUMNS}
         for table, table_rows in rows.items():
             self.store.insert(table, columns[table], table_rows, f"{table}|{token}")
             self.status.add(f"stored_{table}", len(table_rows))
@@ -339,7 +367,9 @@ class StoreStage(SinkStage):
             if attempt is not None:
                 rows["fetch_events"].append(fits("fetch_events", attempt))
             rows["lineage"] += [fits("lineage", r) for r in enqueued_rows(event_id, page)]
-            rows["pages"].append(fits("pages", page_row(page)))
+            rows["page_visits"].append(fits("page_visits", visit_row(page)))
+            if keeps_version(page):
+                rows["pages"].append(fits("pages", page_row(page)))
         elif topic == self.topology.telemetry:
             event = self.codec.decode_as(FetchEvent, value, headers)
             rows["fetch_events"].append(fits("fetch_events", event_row(event_id, event)))

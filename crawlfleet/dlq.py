@@ -119,10 +119,14 @@ def job_of(row: dict[str, Any]) -> CrawlJob:
     if row.get("job"):
         job: CrawlJob = json.loads(row["job"])  # as the store wrote it: a decoded CrawlJob
         job.setdefault("pinned", True)  # stored before schema v3: pinned in effect
+        job.setdefault("kind", "page")  # stored before schema v4: a first visit of a page
+        job.setdefault("visit", 0)
+        job.setdefault("validators", {})
         return job
     return {"url": row["url"], "target": row["target"], "profile": row["profile"],
             "depth": 0, "attempt": 0, "parent_url": None, "last_error": None,
-            "priority": 0, "meta": {}, "delay_ms": 0, "pinned": True}
+            "priority": 0, "meta": {}, "delay_ms": 0, "pinned": True, "kind": "page",
+            "visit": 0, "validators": {}}
 
 
 def plan_replay(rows: list[dict[str, Any]]) -> ReplayPlan:

@@ -95,7 +95,8 @@ def parse_line(line: str, settings: Settings, profile: str | None = None) -> Cra
             "profile": named or settings.default_profile,
             "depth": 0, "attempt": 0, "parent_url": None, "last_error": None,
             "priority": max(0, min(priority, 1)), "meta": meta, "delay_ms": 0,
-            "pinned": _pinned(named, pinned, settings)}
+            "pinned": _pinned(named, pinned, settings), "kind": "page", "visit": 0,
+            "validators": {}}
 
 
 def _pinned(named: str, explicit: bool | None, settings: Settings) -> bool:

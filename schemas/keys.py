@@ -40,11 +40,16 @@ def page_key(job: Mapping[str, Any]) -> str:
 
 def job_dedupe_key(job: Mapping[str, Any]) -> str:
     """The key the fetch stage dedupes ``job`` on: the page's (:func:`page_key`, by job
-    type: pinned ``profile|URL``, unpinned ``*|URL``), or the page's + replay id.
+    type: pinned ``profile|URL``, unpinned ``*|URL``), with its visit number for a revisit
+    (CrawlJob v4: the seen store never suppresses a due revisit, and never lets one visit
+    be stored twice), and the replay id of a replay.
 
-    Canonical URLs hold no space, so the suffix can never make another page's key.
+    Canonical URLs hold no space, so a suffix can never make another page's key.
     """
     key = page_key(job)
+    visit = int(job.get("visit") or 0)
+    if visit > 0:
+        key = f"{key} visit:{visit}"
     rid = (job.get("meta") or {}).get(REPLAY_META)
     return f"{key} replay:{rid}" if rid else key
 

@@ -31,6 +31,12 @@ class CrawlJob(TypedDict):
     delay_ms: int
     #: v3: only ever sent as ``profile``; False = placeable, deduped without the profile.
     pinned: bool
+    #: v4: ``page`` (fetch, parse, store) or ``sitemap`` (fetch, publish the URLs it lists).
+    kind: str
+    #: v4: 0 for a page's first visit, n for its n-th revisit (part of the dedupe key).
+    visit: int
+    #: v4: the last visit's ``etag``, ``last_modified`` and ``signature`` (a revisit's).
+    validators: dict[str, str]
 
 
 class FetchResult(TypedDict):
@@ -54,6 +60,8 @@ class FetchResult(TypedDict):
     reason: str
     attempt_ms: int
     fetcher_version: str
+    #: v4: the answer's ``etag`` and ``last_modified``, for the page's next visit.
+    validators: dict[str, str]
 
 
 class EnqueuedLink(TypedDict):
@@ -97,6 +105,15 @@ class ParsedPage(TypedDict):
     reason: str
     attempt_ms: int
     fetcher_version: str
+    #: v5: the visit (issue 45): its number, whether the content changed since the last
+    #: one, its text signature, what the next visit sends, and what its job keeps.
+    visit: int
+    changed: bool
+    signature: str
+    validators: dict[str, str]
+    pinned: bool
+    priority: int
+    meta: dict[str, str]
 
 
 class DeadLetter(TypedDict):

@@ -35,6 +35,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import Consumer, Message, TopicPartition
@@ -59,6 +60,7 @@ from streams.ledger import CommitBatch, Ledger
 from streams.membership import Membership, group_share
 from streams.partition_restore import PartitionRestore, RestoreSpec
 from streams.restorer import Restored
+from streams.stage import Stage
 from streams.status import PollGaps, StatusFile
 from streams.worker import StopFlag
 
@@ -112,24 +114,43 @@ class SessionLogic(Protocol):
         after a rebalance (only when the runtime was asked to track them)."""
 
 
+@dataclass(frozen=True)
+class SessionRole:
+    """Who a session works as: the stage's settings, topology, name, worker, encoder,
+    status file and stop flag (a :class:`~streams.stage.Stage`'s, by :meth:`of`)."""
+
+    settings: Settings
+    topology: Topology
+    stage: str
+    worker: str
+    encoder: Encoder
+    status: StatusFile
+    stop: StopFlag
+
+    @classmethod
+    def of(cls, stage: Stage) -> SessionRole:
+        return cls(stage.settings, stage.topology, stage.stage, stage.worker, stage.encoder,
+                   stage.status, stage.stop)
+
+
 class AsyncSession:
     """The Kafka thread's side of one session of an asyncio stage."""
 
-    def __init__(self, settings: Settings, topology: Topology, stage: str, worker: str,
-                 encoder: Encoder, status: StatusFile, stop: StopFlag, ledger: Ledger,
-                 logic: SessionLogic, changelogs: frozenset[str],
-                 track_members: bool = False) -> None:
-        self.s, self.topo, self.stage, self.worker = settings, topology, stage, worker
-        self.enc, self.status, self.stop = encoder, status, stop
+    def __init__(self, role: SessionRole, ledger: Ledger, logic: SessionLogic,
+                 changelogs: frozenset[str], track_members: bool = False) -> None:
+        self.s, self.topo, self.stage, self.worker = (role.settings, role.topology,
+                                                      role.stage, role.worker)
+        self.enc, self.status, self.stop = role.encoder, role.status, role.stop
         self.ledger, self.logic, self.changelogs = ledger, logic, changelogs
         self.track_members = track_members
         self.kx = ThreadPoolExecutor(1, thread_name_prefix="kafka")
         self.loop = asyncio.get_running_loop()
-        self.membership = Membership(topology, stage)
-        self.restores = PartitionRestore(RestoreSpec(stage, log=log.name), stage, worker,
-                                         status, self.membership, self._restore)
+        self.membership = Membership(self.topo, self.stage)
+        self.restores = PartitionRestore(RestoreSpec(self.stage, log=log.name), self.stage,
+                                         self.worker, self.status, self.membership,
+                                         self._restore)
         self.restorer = self.restores.restorer
-        self.poll_gaps = PollGaps(status)
+        self.poll_gaps = PollGaps(self.status)
         self.consumer: Consumer | None = None
         self.committer: TxnCommitter | None = None
         self.control: ControlReader | None = None
@@ -138,7 +159,7 @@ class AsyncSession:
         self.paused = False  # the stage is full: its partitions are paused
         self.control_paused = False  # a person paused the fleet
         self.members_stale = False
-        self.version = worker_tuple(settings)
+        self.version = worker_tuple(self.s)
         self.leaving = False  # the tuple was revoked: end the session as a graceful stop
         #: When the transaction being committed began (None: no commit under way); read
         #: by the event loop, which holds new requests while a commit stalls.

@@ -28,6 +28,7 @@ import ipaddress
 import socket
 import ssl
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urljoin, urlsplit
@@ -37,6 +38,7 @@ from aiohttp.abc import AbstractResolver
 from yarl import URL
 
 from consumers.fetch.classify import classify_exception
+from consumers.fetch.conditional import request_headers, response_validators
 from consumers.fetch.resolver import GuardedResolver
 from core.config import Settings
 from core.errors import (
@@ -72,6 +74,8 @@ class Response:
     elapsed_ms: int
     redirects: list[str] = field(default_factory=list)
     location: str | None = None  # a redirect's Location header, as sent
+    #: The answer's ``etag`` and ``last_modified`` (``conditional.response_validators``).
+    validators: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -151,17 +155,20 @@ class Fetcher:
 
     async def get(self, url: str, max_bytes: int | None = None, *,
                   follow_redirects: bool = False, truncate: bool = False,
-                  identity: Identity | None = None) -> Response:
+                  identity: Identity | None = None,
+                  conditional: Mapping[str, str] | None = None) -> Response:
         """GET ``url`` as ``identity``; raise a classified :class:`CrawlfleetError` on any
         failure (never naming a proxy's credentials).
 
         A redirect is returned as it is unless ``follow_redirects`` (robots.txt), which
         follows up to ``max_redirects`` hops, never the same URL twice. ``truncate`` keeps
         the first ``max_bytes`` of a longer body instead of refusing it (robots.txt).
+        ``conditional``: a revisit's last validators, sent as ``If-None-Match`` /
+        ``If-Modified-Since`` with the request of ``url`` (not with a redirect's hops).
         """
         try:
             return await self._get(url, max_bytes, follow_redirects, truncate,
-                                   identity or Identity())
+                                   identity or Identity(), request_headers(conditional))
         except CrawlfleetError as exc:
             secret = _password(identity.proxy) if identity and identity.proxy else None
             if secret and secret in str(exc):
@@ -169,7 +176,8 @@ class Fetcher:
             raise
 
     async def _get(self, url: str, max_bytes: int | None, follow_redirects: bool,
-                   truncate: bool, identity: Identity) -> Response:
+                   truncate: bool, identity: Identity,
+                   conditional: dict[str, str]) -> Response:
         assert self._session is not None, "use Fetcher as an async context manager"
         started = time.monotonic()
         redirects: list[str] = []
@@ -179,7 +187,8 @@ class Fetcher:
             async with asyncio.timeout(self._s.request_timeout_s):
                 while True:
                     self._check_literal(current)
-                    async with self._request(current, identity) as resp:
+                    async with self._request(current, identity,
+                                             conditional if current == url else None) as resp:
                         if identity.jar is not None:
                             identity.jar.update_cookies(resp.cookies, URL(current))
                         location = resp.headers.get("Location")
@@ -200,7 +209,8 @@ class Fetcher:
                             continue
                         body = await _read_capped(resp, cap, truncate)
                         return Response(current, resp.status, ctype, body, retry_after,
-                                        _ms(started), redirects)
+                                        _ms(started), redirects,
+                                        validators=_validators(resp.headers))
         except ForbiddenAddressError as exc:
             if not redirects:
                 raise  # the URL asked for is itself refused
@@ -214,10 +224,12 @@ class Fetcher:
         except Exception as exc:  # every other failure gets its class, never escapes raw
             raise classify_exception(exc, current) from exc
 
-    def _request(self, url: str, identity: Identity) -> Any:
-        """The request of one hop as ``identity`` (an aiohttp request context manager)."""
+    def _request(self, url: str, identity: Identity,
+                 extra: dict[str, str] | None = None) -> Any:
+        """The request of one hop as ``identity`` (an aiohttp request context manager),
+        with ``extra`` headers (a revisit's conditional ones)."""
         assert self._session is not None
-        headers = dict(identity.headers)
+        headers = {**identity.headers, **(extra or {})}
         if identity.jar is not None:
             cookies = identity.jar.filter_cookies(URL(url))
             if cookies:
@@ -291,6 +303,12 @@ class _ProxiedGet:
 
 def _password(proxy: str) -> str | None:
     return urlsplit(proxy).password
+
+
+def _validators(headers: Mapping[str, str]) -> dict[str, str]:
+    etag, modified = headers.get("ETag"), headers.get("Last-Modified")
+    return response_validators(None if etag is None else header_text(etag),
+                               None if modified is None else header_text(modified))
 
 
 def header_text(value: str) -> str:

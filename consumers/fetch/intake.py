@@ -10,7 +10,6 @@ commits them with the input offsets. No Kafka call is made here.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Iterable
@@ -18,24 +17,21 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message
 
-from consumers.fetch.outcomes import OutcomeRules
 from consumers.fetch.parking import ParkedQueues, park_key
-from consumers.fetch.scheduler import TargetScheduler
 from consumers.fetch.seen import SeenStore
-from consumers.fetch.target_policy import TargetPolicy
+from consumers.fetch.targets import Targets
+from consumers.fetch.wiring import FetchWiring
 from consumers.scope import OUT_OF_SCOPE, REROUTE, recheck
-from core.config import Settings
 from core.errors import DecodeError, InvalidURLError
 from core.profiles import unknown_profile
 from core.urls import canonicalize, target_of
 from schemas.keys import job_dedupe_key
 from schemas.lineage import DUPLICATE, PARKED, lineage_event
 from schemas.records import CrawlJob
-from schemas.topics import Topology, partition_for
+from schemas.topics import partition_for
 from streams.control import backlog_key
-from streams.io import Encoder, Output, offset_of, tp_of
-from streams.ledger import Ledger, Pending, StoreChange
-from streams.status import StatusFile
+from streams.io import Output, offset_of, tp_of
+from streams.ledger import Pending, StoreChange
 
 log = logging.getLogger("crawlfleet.fetch")
 TP = tuple[str, int]
@@ -48,15 +44,13 @@ REFILL_SWEEP_S = 5.0
 class Intake:
     """Admits frontier records, parks and refills per-target work, finishes jobs."""
 
-    def __init__(self, s: Settings, topo: Topology, enc: Encoder, ledger: Ledger,
-                 seen: SeenStore, parked: ParkedQueues, policy: TargetPolicy,
-                 sched: TargetScheduler[Pending], rules: OutcomeRules, status: StatusFile,
-                 wake: asyncio.Event) -> None:
-        self.s, self.topo, self.enc, self.ledger = s, topo, enc, ledger
-        self.seen, self.parked, self.policy, self.sched = seen, parked, policy, sched
-        self.rules, self.status, self.wake = rules, status, wake
-        self._allowed = frozenset(s.allowed_targets)
-        self._profiles = s.profile_table
+    def __init__(self, w: FetchWiring, targets: Targets, seen: SeenStore,
+                 parked: ParkedQueues) -> None:
+        self.s, self.topo, self.enc, self.ledger = w.s, w.topo, w.enc, w.ledger
+        self.rules, self.status, self.wake = w.rules, w.status, w.wake
+        self.targets, self.seen, self.parked = targets, seen, parked
+        self._allowed = frozenset(w.s.allowed_targets)
+        self._profiles = w.s.profile_table
         self.refill_sweep_at = time.monotonic() + REFILL_SWEEP_S
 
     def admit(self, msgs: list[Message]) -> None:
@@ -97,11 +91,11 @@ class Intake:
                 self.ledger.finish(pj, [self.duplicate(pj)], None)
                 continue
             target, tier = pj.target, self.tier_of(tp)
-            if self.policy.must_park(target, tier, now, self.parked.must_park(target, tier)):
+            if self.targets.must_park(target, tier, now):
                 self.park(pj)  # it comes back with a refill
                 continue
             self.ledger.hold(pj)
-            self.sched.push(target, pj, now, tier=pj.tier)
+            self.targets.queue(target, pj, now)
         self.wake.set()
 
     def tier_of(self, tp: TP) -> int:
@@ -132,7 +126,7 @@ class Intake:
 
     def shed(self, target: str, keep: int) -> None:
         """Move ``target``'s queued jobs beyond its first ``keep`` to disk."""
-        for pj in self.sched.take_tail(target, keep):
+        for pj in self.targets.take_tail(target, keep):
             self.park(pj)
 
     def home_tp(self, partition: int) -> TP | None:
@@ -151,18 +145,18 @@ class Intake:
         if self.parked.available(target) <= 0:
             return
         now = time.monotonic()
-        if self.policy.resting(target, now):
+        if self.targets.resting(target, now):
             return  # resting: due_wakes brings it back
-        if not self.policy.room_for(target, now):
+        if not self.targets.room_for(target, now):
             return  # the refill sweep tries again
         part = partition_for(target, self.topo.partitions)
         tp = self.home_tp(part)
         epoch = self.ledger.epoch_of(tp) if tp is not None else None
         if tp is None or epoch is None:
             return
-        share = self.policy.share(target)
+        share = self.targets.share(target)
         for tier in (1, 0):
-            held = self.policy.held(target, tier)
+            held = self.targets.held(target, tier)
             room = share - held
             if room <= 0 or (held and room < share // 2):
                 continue  # refill in batches, not one scan per finished job
@@ -180,11 +174,11 @@ class Intake:
                     self.finish(pj, [self.duplicate(pj)], None)  # only its entry goes
                     continue
                 self.ledger.hold(pj)
-                self.sched.push(target, pj, now, tier=pj.tier)
+                self.targets.queue(target, pj, now)
                 self.status.add("unparked")
 
     def refill_due(self, now: float) -> None:
-        for target in self.policy.due_wakes(now):
+        for target in self.targets.due_wakes(now):
             self.refill(target)
 
     def sweep_parked(self, now: float) -> None:
@@ -193,7 +187,7 @@ class Intake:
             return
         self.refill_sweep_at = now + REFILL_SWEEP_S
         for target in self.parked.waiting_targets():
-            if not self.policy.held(target, 0) and not self.policy.held(target, 1):
+            if not self.targets.held(target, 0) and not self.targets.held(target, 1):
                 self.status.add("refill_sweeps")
                 self.refill(target)
                 self.wake.set()

@@ -17,6 +17,13 @@ from typing import cast
 
 from consumers.attempts import AttemptFields, VersionFields, fetch_event
 from consumers.fetch.classify import Signal, Verdict, classify_status
+from consumers.fetch.conditional import (
+    ETAG,
+    LAST_MODIFIED,
+    NOT_MODIFIED,
+    NOT_MODIFIED_OUTCOME,
+    is_conditional,
+)
 from consumers.fetch.http import REDIRECT_STATUSES, Response
 from consumers.fetch.seen import DEAD, DONE, RETRYING
 from consumers.scope import follow
@@ -90,6 +97,9 @@ class OutcomeRules:
         job = placed_job(pj)
         if resp.status in REDIRECT_STATUSES and resp.location is not None:
             return self.redirect(pj, resp, started)
+        if resp.status == NOT_MODIFIED and job.get("visit", 0) > 0 \
+                and is_conditional(job.get("validators")):
+            return self.not_modified(pj, resp, started)
         outcome = classify_status(resp.status, resp.retry_after, job["attempt"],
                                   block_statuses=self.block_statuses)
         if outcome.verdict is Verdict.STORE:
@@ -99,7 +109,8 @@ class OutcomeRules:
                 "content_type": resp.content_type, "body": resp.body,
                 "fetched_at_ms": int(time.time() * 1000), "elapsed_ms": resp.elapsed_ms,
                 "redirects": resp.redirects, "worker": self.worker, **self.versions,
-                **self.attempt(label, outcome.reason, started)}
+                **self.attempt(label, outcome.reason, started),
+                "validators": resp.validators}
             result = self.enc.record(self.topology.fetched, pj.target, pj.key.encode(), page)
             # The page carries its attempt's telemetry (the store's fetch_events row comes
             # from it); a block's event also goes to the quarantine app's own input.
@@ -116,6 +127,27 @@ class OutcomeRules:
                             resp.status, started)
         res.signal, res.retry_after_s = outcome.signal, outcome.retry_after_s
         return res
+
+    def not_modified(self, pj: Pending, resp: Response, started: float) -> Result:
+        """A 304 to a revisit's conditional GET: a visit of its own, outcome
+        ``not_modified``, with no body (the store keeps the page's last version) and the
+        validators the next visit sends (a 304 may update them, RFC 9110 15.4.5)."""
+        job = placed_job(pj)
+        validators = {k: v for k, v in (job.get("validators") or {}).items()
+                      if k in (ETAG, LAST_MODIFIED)}
+        page: FetchResult = {
+            "job": job, "final_url": resp.url, "status": resp.status,
+            "content_type": resp.content_type, "body": b"",
+            "fetched_at_ms": int(time.time() * 1000), "elapsed_ms": resp.elapsed_ms,
+            "redirects": resp.redirects, "worker": self.worker, **self.versions,
+            # a success in the attempt's telemetry (success rates count it as one); the
+            # visit's outcome, not_modified, is read from the status (page_visits)
+            **self.attempt("ok", NOT_MODIFIED_OUTCOME, started),
+            "validators": {**validators, **resp.validators}}
+        return Result([self.enc.record(self.topology.fetched, pj.target, pj.key.encode(),
+                                       page)],
+                      (DONE, job["attempt"]), Signal.OK, outcome="ok",
+                      reason=NOT_MODIFIED_OUTCOME)
 
     def redirect(self, pj: Pending, resp: Response, started: float) -> Result:
         """A redirect is an answer of its own: the page is recorded with its 3xx status and
@@ -139,13 +171,16 @@ class OutcomeRules:
             "content_type": resp.content_type, "body": b"",
             "fetched_at_ms": int(time.time() * 1000), "elapsed_ms": resp.elapsed_ms,
             "redirects": [to or resp.location[:2048]], "worker": self.worker,
-            **self.versions, **self.attempt("ok", reason, started)}
+            **self.versions, **self.attempt("ok", reason, started), "validators": {}}
         outputs = [self.enc.record(self.topology.fetched, pj.target, pj.key.encode(), page)]
         if reason == "redirect" and to is not None:
             child: CrawlJob = {
                 **job, "url": to, "target": target_of(to, s.target_mode), "attempt": 0,
                 "parent_url": job["url"], "last_error": None, "delay_ms": 0,
-                "meta": {**without_replay(job.get("meta")), REDIRECT_HOPS: str(hops + 1)}}
+                "meta": {**without_replay(job.get("meta")), REDIRECT_HOPS: str(hops + 1)},
+                # a page of its own: its first visit (a revisit's validators were the
+                # redirecting URL's)
+                "visit": 0, "validators": {}}
             topic = self.topology.frontier_high if child.get("priority", 0) > 0 \
                 else self.topology.frontier
             outputs += [lineage_event(self.enc, child, ENQUEUED, "fetch", "redirect", job["url"]),

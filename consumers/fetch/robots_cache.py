@@ -138,11 +138,12 @@ class RobotsCache:
         that cannot be fetched, i.e. unreachable (RFC 9309 §2.3.1.4: disallow all, try
         again later), and its jobs end ``robots_unreachable``, not ``address_not_allowed``."""
         assert self.fetcher is not None
-        extra = {} if identity is None else {
-            "identity": Identity(identity.headers, None, identity.proxy)}  # no cookies
+        sent_as = None if identity is None else \
+            Identity(identity.headers, None, identity.proxy)  # no cookies
         try:
             resp = await self.fetcher.get(origin + "/robots.txt", max_bytes=MAX_ROBOTS_BYTES,
-                                          follow_redirects=True, truncate=True, **extra)
+                                          follow_redirects=True, truncate=True,
+                                          identity=sent_as)
         except ForbiddenRedirectError:
             return rules_from_response(None, b"", self.agent)
         except ForbiddenAddressError as exc:

@@ -36,19 +36,17 @@ from consumers.fetch.dispatch import Dispatcher
 from consumers.fetch.http import Fetcher
 from consumers.fetch.intake import Intake
 from consumers.fetch.outcomes import OutcomeRules
-from consumers.fetch.pacer import Pacer
 from consumers.fetch.parking import ParkedQueues
-from consumers.fetch.robots_cache import RobotsCache
-from consumers.fetch.scheduler import TargetScheduler
 from consumers.fetch.seen import SeenStore
 from consumers.fetch.stores import FetchStores
-from consumers.fetch.target_policy import TargetPolicy
+from consumers.fetch.targets import Targets
+from consumers.fetch.wiring import FetchWiring
 from schemas.stages import stage_spec
 from schemas.topics import partition_for
-from streams.async_session import AsyncSession
+from streams.async_session import AsyncSession, SessionRole
 from streams.control import ControlState
 from streams.io import Output
-from streams.ledger import CommitBatch, Ledger, Pending
+from streams.ledger import CommitBatch, Ledger
 from streams.membership import Membership
 from streams.restorer import Restored
 from streams.slow_start import SlowStart
@@ -116,38 +114,29 @@ class _Session:
         #: Partitions taken over with committed progress (another owner, or an earlier life
         #: of this worker, worked them), by when: their targets' first requests wait.
         self.taken_over: dict[int, float] = {}
-        self.sched: TargetScheduler[Pending] = TargetScheduler(
-            self._base_interval, limit=self.s.max_inflight_per_target,
-            taken_over_at=lambda t: self.taken_over.get(
-                partition_for(t, self.topo.partitions), float("-inf")))
         spec = stage_spec(stage.stage)  # its stores, opened as declared
         self.seen = SeenStore.declared(spec.store("seen"), self.s, stage.worker)
         self.parked = ParkedQueues(open_declared(spec.store("parked"), self.s, stage.worker),
                                    self.topo.partitions)
         self.stores = FetchStores(self.s, self.topo, self.enc, self.seen, self.parked,
                                   Membership(self.topo, "fetch"))
-        profiles = self.s.profile_table.values()
-        self.robots = RobotsCache(self.s.robots_agent, self.s.robots_ttl_s,
-                                  lambda t, i: self.policy.on_robots(t, i),
-                                  max_origins=self.s.max_target_state,
-                                  tokens_for=lambda t: {p.robots_token for p in profiles
-                                                        if p.allowed_for(t)})
-        self.policy = TargetPolicy(self.s, self.sched, self.robots, self._cap,
-                                   self.status.add)
+        #: Every target's state: asked what may go next, told what happened.
+        self.targets = Targets(self.s, self.parked, self.status, lambda t: self.taken_over.get(
+            partition_for(t, self.topo.partitions), float("-inf")))
+        # Its parts, named for the tests and gauges that read them.
+        self.sched, self.policy = self.targets.sched, self.targets.policy
+        self.robots, self.pacer = self.targets.robots, self.targets.pacer
         self.wake = asyncio.Event()
-        self.pacer = Pacer(self.s.fleet_rate_cap)
         self.slow_start = SlowStart(floor=150)  # outputs (~3 per page) per transaction
-        self.intake = Intake(self.s, self.topo, self.enc, self.ledger, self.seen,
-                             self.parked, self.policy, self.sched, self.rules, self.status,
+        wiring = FetchWiring(self.s, self.topo, self.enc, self.ledger, self.rules, self.status,
                              self.wake)
-        self.dispatch = Dispatcher(self.s, self.topo, self.sched, self.policy, self.robots,
-                                   self.rules, self.ledger, self.parked, self.intake,
-                                   self.pacer, self.status, self.wake)
+        self.intake = Intake(wiring, self.targets, self.seen, self.parked)
+        self.dispatch = Dispatcher(wiring, self.targets, self.intake)
         self.dispatch.stopping = lambda: stage.stop.requested
-        self.kafka = AsyncSession(self.s, self.topo, "fetch", stage.worker, self.enc,
-                                  self.status, stage.stop, self.ledger, self,
+        self.kafka = AsyncSession(SessionRole.of(stage), self.ledger, self,
                                   frozenset({self.topo.seen, self.topo.parked}),
                                   track_members=self.s.fleet_rate_cap > 0)
+        self.targets.latest = lambda: self.kafka.control_state
         self.dispatch.commit_age = self.kafka.commit_age
         self.status.gauge_fns["deferred_targets"] = \
             lambda: self.policy.deferred_targets(time.monotonic())
@@ -181,7 +170,7 @@ class _Session:
         now = time.monotonic()
         for p in parts:
             self.taken_over[p] = now
-        self.sched.handover(lambda t: partition_for(t, self.topo.partitions) in parts, now)
+        self.targets.handover(lambda t: partition_for(t, self.topo.partitions) in parts, now)
 
     def keep_only(self, owned: set[int]) -> None:
         self.stores.keep_only(owned)
@@ -202,8 +191,7 @@ class _Session:
     def full(self, paused: bool) -> bool:
         """Memory is bounded per target (work beyond a share is parked), so the worker as a
         whole is full only when many targets are each at their share."""
-        buffered = len(self.sched) + self.dispatch.running \
-            + self.policy.identities.waiting_total()
+        buffered = self.targets.buffered() + self.dispatch.running
         return buffered >= self.s.max_buffered or (
             paused and buffered >= self.s.max_buffered // 2)
 
@@ -263,7 +251,7 @@ class _Session:
                 last_commit = now
                 self.wake.set()  # a dispatcher held for this commit may start again
             self.intake.sweep_parked(now)
-            self.policy.forget_idle(now)
+            self.targets.forget_idle(now)
             self._report()
 
     async def _report_loop(self) -> None:
@@ -282,19 +270,3 @@ class _Session:
         if self.dispatch.running or len(self.sched):
             self.status.add("busy_ticks")
         self.status.write()
-
-    # --- live control: caps and paused targets ---------------------------------------------
-
-    def _base_interval(self, target: str) -> float:
-        """Interval for a target given a slot (the policy's); hold it if it is paused or
-        quarantined as a whole."""
-        state = self.kafka.control_state
-        if (state is not None and state.target_paused(target)) \
-                or self.dispatch.held_by_control(target):
-            self.loop.call_soon(self.sched.hold, target)
-        return self.policy.base_interval(target)
-
-    def _cap(self, target: str) -> float:
-        state = self.kafka.control_state
-        live = state.caps.get(target) if state is not None else None
-        return live or self.s.cap_for(target)

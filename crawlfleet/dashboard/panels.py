@@ -65,6 +65,8 @@ PANELS: tuple[Panel, ...] = (
           lead=("share_of_requests", "share_of_failures", "success_rate", "requests"),
           approval=True, wide=True),
     Panel("version_pages", "table", "no page stored in this window", approval=True),
+    Panel("visits", "table", "no visit in this window: no page was fetched or revisited",
+          highlight=("change_rate",)),
     Panel("quarantine_list", "table",
           "no quarantine in this window: no identity or target was retired", wide=True),
     Panel("quarantines", "table", "no quarantine in this window"),

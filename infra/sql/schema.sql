@@ -137,6 +137,29 @@ CREATE TABLE IF NOT EXISTS quarantines (
 ORDER BY (target, scope, name, at)
 SETTINGS non_replicated_deduplication_window = 10000;
 
+-- Every visit of a page (issue 45): its first and each revisit, one row per (page, visit
+-- number), so a redelivered batch collapses. outcome: new (a first visit), changed,
+-- unchanged (a 200 with the last visit's text signature) or not_modified (a 304 to the
+-- revisit's conditional GET; ``pages`` keeps the version before it). ``pages`` holds each
+-- page's latest version; this table its history.
+CREATE TABLE IF NOT EXISTS page_visits (
+    dedupe_key     String,
+    visit          UInt32,
+    url            String,
+    target         LowCardinality(String),
+    profile        LowCardinality(String),
+    visited_at     DateTime64(3, 'UTC'),
+    status         UInt16,
+    outcome        LowCardinality(String),
+    changed        UInt8,
+    signature      String,
+    etag           String,
+    last_modified  String,
+    stored_at      DateTime64(3, 'UTC') DEFAULT now64(3)
+) ENGINE = ReplacingMergeTree(visited_at)
+ORDER BY (dedupe_key, visit)
+SETTINGS non_replicated_deduplication_window = 10000;
+
 -- Replaced on every start: a view's * is expanded when it is made, so a view made before a
 -- column was added would not show it.
 CREATE OR REPLACE VIEW pages_v AS SELECT * FROM pages FINAL;
@@ -144,3 +167,4 @@ CREATE OR REPLACE VIEW fetch_events_v AS SELECT * FROM fetch_events FINAL;
 CREATE OR REPLACE VIEW dead_letters_v AS SELECT * FROM dead_letters FINAL;
 CREATE OR REPLACE VIEW lineage_v AS SELECT * FROM lineage FINAL;
 CREATE OR REPLACE VIEW quarantines_v AS SELECT * FROM quarantines FINAL;
+CREATE OR REPLACE VIEW page_visits_v AS SELECT * FROM page_visits FINAL;

@@ -28,7 +28,12 @@ JOB: dict[str, Any] = {
     "meta": {"source": "seeds.txt", "campaign": "ünïcode ✓"},
     "delay_ms": 15_000,
     "pinned": False,  # not the default: a round trip shows it is written
+    "kind": "page",
+    "visit": 2,  # a revisit, with what the last visit answered
+    "validators": {"etag": '"v1"', "last_modified": "Mon, 30 Nov 2026 10:00:00 GMT"},
 }
+#: What a job written before v4 reads as: a first visit of a page, no validators.
+V4_DEFAULTS = {"kind": "page", "visit": 0, "validators": {}}
 
 V1_FIELDS = ("url", "target", "profile", "depth", "attempt", "parent_url", "last_error")
 
@@ -51,6 +56,7 @@ def fetch_result() -> dict[str, Any]:
         "worker": "fetch-1@host",
         **VERSIONS,
         "outcome": "ok", "reason": "", "attempt_ms": 130, "fetcher_version": "crawlfleet/0.1",
+        "validators": {"etag": 'W/"7"', "last_modified": "Mon, 30 Nov 2026 10:00:00 GMT"},
     }
 
 
@@ -78,6 +84,10 @@ def parsed_page() -> dict[str, Any]:
         "parse_version": "0.1.0",
         "attempt": 1, "outcome": "blocked", "reason": "http_403", "attempt_ms": 90,
         "fetcher_version": "crawlfleet/0.1",
+        # a revisit whose text did not change (not the defaults: the round trip shows them)
+        "visit": 3, "changed": False, "signature": "0f" * 16,
+        "validators": {"etag": '"e3"', "signature": "0f" * 16}, "pinned": False,
+        "priority": 1, "meta": {"campaign": "daily"},
     }
 
 
@@ -200,9 +210,9 @@ def test_fingerprints_are_stable_across_instances(codec: Codec) -> None:
 
 def test_crawljob_versions_are_ordered(codec: Codec) -> None:
     versions = codec.versions("CrawlJob")
-    assert [v.version for v in versions] == [1, 2, 3]
+    assert [v.version for v in versions] == [1, 2, 3, 4]
     assert versions[-1] is codec.latest("CrawlJob")
-    assert len({v.fingerprint for v in versions}) == 3
+    assert len({v.fingerprint for v in versions}) == 4
 
 
 def test_v1_crawljob_is_read_by_v2_reader_with_defaults(codec: Codec) -> None:
@@ -211,16 +221,18 @@ def test_v1_crawljob_is_read_by_v2_reader_with_defaults(codec: Codec) -> None:
     payload, headers = codec.encode("CrawlJob", old, version=v1)
     assert headers == [(HEADER_SCHEMA, v1.fingerprint.encode())]
     decoded = codec.decode("CrawlJob", payload, headers)
-    assert decoded == {**old, "priority": 0, "meta": {}, "delay_ms": 0, "pinned": True}
+    assert decoded == {**old, "priority": 0, "meta": {}, "delay_ms": 0, "pinned": True,
+                       **V4_DEFAULTS}
 
 
 def test_v2_crawljob_is_read_as_pinned(codec: Codec) -> None:
     """Before v3 every job was pinned in effect (its key was profile|URL): so it reads."""
     v2 = codec.versions("CrawlJob")[1]
-    old = {k: v for k, v in JOB.items() if k != "pinned"}
+    old = {k: v for k, v in JOB.items() if k not in ("pinned", *V4_DEFAULTS)}
     payload, headers = codec.encode("CrawlJob", old, version=v2)
     assert headers == [(HEADER_SCHEMA, v2.fingerprint.encode())]
-    assert codec.decode("CrawlJob", payload, headers) == {**old, "pinned": True}
+    assert codec.decode("CrawlJob", payload, headers) == {**old, "pinned": True,
+                                                           **V4_DEFAULTS}
 
 
 def test_v1_payload_differs_from_v2_payload(codec: Codec) -> None:
@@ -273,14 +285,16 @@ def test_records_in_flight_across_the_v3_job_upgrade_decode(codec: Codec,
     are read by today's codec with the job pinned, as it was in effect."""
     old = Codec(_schema_dir(tmp_path, "v2", ["crawl_job.v1.avsc", "crawl_job.v2.avsc",
                                              "fetch_result.v1.avsc", "dead_letter.v1.avsc"]))
-    v2_job = {k: v for k, v in JOB.items() if k != "pinned"}
+    v2_job = {k: v for k, v in JOB.items() if k not in ("pinned", *V4_DEFAULTS)}
     payload, headers = old.encode("FetchResult", {**fetch_result(), "job": v2_job})
-    assert codec.decode("FetchResult", payload, headers)["job"] == {**v2_job, "pinned": True}
+    assert codec.decode("FetchResult", payload, headers)["job"] == {**v2_job, "pinned": True,
+                                                                    **V4_DEFAULTS}
     letter = {"job": v2_job, "raw": None, "source_topic": "crawl.frontier", "reason": "x",
               "error": "e", "attempts": 1, "worker": "w", "version": "0",
               "failed_at_ms": TS_MS}
     payload, headers = old.encode("DeadLetter", letter)
-    assert codec.decode("DeadLetter", payload, headers)["job"] == {**v2_job, "pinned": True}
+    assert codec.decode("DeadLetter", payload, headers)["job"] == {**v2_job, "pinned": True,
+                                                                   **V4_DEFAULTS}
 
 
 # --- decode failures ----------------------------------------------------------------------

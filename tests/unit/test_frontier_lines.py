@@ -31,6 +31,9 @@ def test_plain_url() -> None:
         # names no profile, and none is configured: pinned to the implicit default one, so
         # its key is default|URL, as every job's was before profiles
         "pinned": True,
+        "kind": "page",  # a first visit of a page
+        "visit": 0,
+        "validators": {},
     }
 
 

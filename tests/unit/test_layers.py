@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -99,4 +100,46 @@ def test_no_stage_name_tuple_outside_the_topology() -> None:
     collection = re.compile(rf"[(\[]\s*{names}\s*,|{{\s*{names}\s*[,:}}]")
     found = [f"{name}: {m.group(0)}" for name, text in _product_sources()
              if name != "schemas/pipeline.py" for m in collection.finditer(text)]
+    assert found == []
+
+
+def _wide_initialisers(sources: list[tuple[str, str]], most: int) -> list[str]:
+    """Hand-written ``__init__``s taking more than ``most`` arguments (``self`` aside)."""
+    wide = []
+    for name, text in sources:
+        for cls in ast.walk(ast.parse(text)):
+            if not isinstance(cls, ast.ClassDef):
+                continue
+            for node in cls.body:
+                if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+                    a = node.args
+                    n = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) - 1
+                    if n > most:
+                        wide.append(f"{name}: {cls.name} takes {n}")
+    return wide
+
+
+def test_no_hand_written_initialiser_takes_more_than_8_arguments() -> None:
+    """Issue 46: a constructor that takes everything is a part that owns too much; what a
+    session's parts share goes as one record (``FetchWiring``, ``SessionRole``), and
+    every per-target question goes to one owner (``Targets``). Records (dataclasses)
+    have no hand-written ``__init__`` and are not counted."""
+    assert _wide_initialisers(_product_sources(), 8) == []
+
+
+def test_the_initialiser_check_sees_a_wide_one() -> None:
+    """The check above counts positional, keyword-only and defaulted arguments."""
+    src = ("class Wide:\n    def __init__(self, a, b, c, d, e, f, g, h=1, *, i=2):\n"
+           "        pass\nclass Narrow:\n    def __init__(self, a, *, b=1):\n        pass\n")
+    assert _wide_initialisers([("x.py", src)], 8) == ["x.py: Wide takes 9"]
+
+
+def test_dispatch_and_intake_ask_the_targets_owner() -> None:
+    """Issue 46: dispatch and intake reach no per-target part (scheduler, policy, robots.txt
+    cache, identities, pacer) but through ``Targets``; none of those parts is theirs."""
+    fetch = ROOT / "consumers" / "fetch"
+    parts = re.compile(r"\bself\.(sched|policy|robots|ids|pacer)\b|"
+                       r"import (TargetScheduler|TargetPolicy|RobotsCache|Identities|Pacer)\b")
+    found = [f"{n}: {m.group(0)}" for n in ("dispatch.py", "intake.py")
+             for m in parts.finditer((fetch / n).read_text())]
     assert found == []

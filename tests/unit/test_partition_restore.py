@@ -31,7 +31,7 @@ from consumers.retry import RetryStage
 from core.config import Settings
 from infra.topics import topology_of
 from schemas.topics import Topology
-from streams.async_session import AsyncSession
+from streams.async_session import AsyncSession, SessionRole
 from streams.batch_stage import BatchStage
 from streams.broker_time import BrokerTimeProbe
 from streams.control import ControlState
@@ -427,8 +427,9 @@ def _fetch_session(settings: Settings, topo: Topology) -> tuple[
     """An asyncio stage's session (call on a running loop) with a recording consumer."""
     status = StatusFile(settings.status_dir, "fetch", "fetch-t")
     ledger, logic = Ledger(), _Logic()
-    session = AsyncSession(settings, topo, "fetch", "fetch-t", Encoder(topo, "fetch-t"),
-                           status, StopFlag(), ledger, logic, frozenset())
+    role = SessionRole(settings, topo, "fetch", "fetch-t", Encoder(topo, "fetch-t"), status,
+                       StopFlag())
+    session = AsyncSession(role, ledger, logic, frozenset())
     consumer = RecordingConsumer()
     session.consumer = consumer  # type: ignore[assignment]
     return session, consumer, ledger, logic, status

@@ -98,7 +98,7 @@ _GOOD = """
     job: CrawlJob = {"url": "https://example.com/", "target": "example.com",
                      "profile": "desktop", "depth": 0, "attempt": 0, "parent_url": None,
                      "last_error": None, "priority": 0, "meta": {}, "delay_ms": 0,
-                     "pinned": True}
+                     "pinned": True, "kind": "page", "visit": 0, "validators": {}}
     enc.job("crawl.frontier", job)
     enc.dead(job, None, "crawl.frontier", "internal", "boom", 1)
 
@@ -118,7 +118,8 @@ _BAD = """
     enc.job("crawl.frontier", {"url": "https://example.com/", "target": "example.com",
                                "profile": "desktop", "depth": 0, "attempt": 0,
                                "parent_url": None, "last_eror": None, "priority": 0,
-                               "meta": {}, "delay_ms": 0, "pinned": True})
+                               "meta": {}, "delay_ms": 0, "pinned": True, "kind": "page",
+                               "visit": 0, "validators": {}})
 
 
     def url_of(msg: Message) -> str:

@@ -44,7 +44,8 @@ def test_unsigned_columns_are_those_of_the_schema() -> None:
     tables = {m["table"]: m["body"] for m in re.finditer(
         r"CREATE TABLE IF NOT EXISTS (?P<table>\w+) \((?P<body>.*?)\) ENGINE", sql, re.S)}
     found = {}
-    for table in ("pages", "fetch_events", "dead_letters", "lineage", "quarantines"):
+    for table in ("pages", "fetch_events", "dead_letters", "lineage", "quarantines",
+                  "page_visits"):
         for col, bits in re.findall(r"^\s*(\w+)\s+UInt(\d+)", tables[table], re.M):
             found[col] = (1 << int(bits)) - 1
     assert found == _UINT_MAX

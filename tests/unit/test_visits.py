@@ -1,0 +1,189 @@
+"""A page's visits (issue 45): conditional GET, the 304 answer, the text signature, and what
+parse and store make of a revisit. Pure: no broker, no store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from consumers.fetch.conditional import request_headers, response_validators
+from consumers.fetch.http import Response
+from consumers.fetch.outcomes import OutcomeRules
+from consumers.parse import ParseStage, RecentSet
+from consumers.signature import text_signature
+from consumers.store import keeps_version, visit_outcome, visit_row
+from core.config import load_settings
+from infra.topics import topology_of
+from schemas.keys import job_dedupe_key
+from schemas.records import CrawlJob, FetchResult, ParsedPage
+from streams.io import Encoder
+from streams.ledger import Pending
+
+URL = "http://a.test/page"
+ETAG = '"v7"'
+LM = "Mon, 30 Nov 2026 10:00:00 GMT"
+
+
+def _job(**over: Any) -> CrawlJob:
+    job: dict[str, Any] = {
+        "url": URL, "target": "a.test", "profile": "default", "depth": 1, "attempt": 0,
+        "parent_url": None, "last_error": None, "priority": 0, "meta": {"campaign": "c"},
+        "delay_ms": 0, "pinned": True, "kind": "page", "visit": 0, "validators": {}, **over}
+    return job  # type: ignore[return-value]
+
+
+# --- conditional GET ----------------------------------------------------------------------
+
+def test_a_revisit_sends_what_its_last_visit_answered() -> None:
+    assert request_headers({"etag": ETAG, "last_modified": LM, "signature": "ab"}) == {
+        "If-None-Match": ETAG, "If-Modified-Since": LM}
+    assert request_headers({"signature": "ab"}) == {}  # nothing a server could compare
+    assert request_headers(None) == {}
+
+
+def test_an_answers_validators_are_kept_only_if_they_can_be_sent_back() -> None:
+    assert response_validators(ETAG, LM) == {"etag": ETAG, "last_modified": LM}
+    assert response_validators("x" * 600, "a\r\nSet-Cookie: y") == {}
+    assert response_validators(None, None) == {}
+
+
+# --- the text signature -------------------------------------------------------------------
+
+def test_a_changing_timestamp_or_token_alone_is_no_change() -> None:
+    a = text_signature("Daily news. Generated at 12:03:44 on 2026-12-06, visitor 48213.")
+    b = text_signature("Daily news. Generated at 09:15:02 on 2026-12-07, visitor 48377.")
+    c = text_signature("Daily  NEWS.\nGenerated at 09:15:02 on 2026-12-07, visitor a9f3k2q.")
+    assert a == b == c
+
+
+def test_a_changed_word_is_a_change() -> None:
+    assert text_signature("Daily news: the bridge is open") != \
+        text_signature("Daily news: the bridge is closed")
+    assert text_signature("a b") != text_signature("b a")  # order counts
+    assert len(text_signature("")) == 32
+
+
+# --- the fetch stage's outcome of a 304 ---------------------------------------------------
+
+def _rules() -> OutcomeRules:
+    s = load_settings(topic_prefix="u.", partitions=4)
+    topo = topology_of(s)
+    return OutcomeRules(s, topo, Encoder(topo, "w1"), "w1")
+
+
+def _answer(job: CrawlJob, status: int, validators: dict[str, str] | None = None
+            ) -> tuple[Any, list[dict[str, Any]]]:
+    rules = _rules()
+    pj = Pending(("u.crawl.frontier", 0), 5, 1, job, job_dedupe_key(job))
+    resp = Response(URL, status, "text/html", b"", None, 7, [], None,
+                    validators=validators or {})
+    res = rules.response(pj, resp, 0.0)
+    return res, [rules.enc.codec.decode(rules.topology.record_of(o.topic), o.value, o.headers)
+                 for o in res.outputs]
+
+
+def test_a_304_to_a_revisit_is_a_visit_not_modified() -> None:
+    job = _job(visit=2, validators={"etag": ETAG, "last_modified": LM, "signature": "s1"})
+    res, (fetched,) = _answer(job, 304, {"etag": '"v8"'})
+    assert res.seen == ("DONE", 0)
+    assert (res.outcome, res.reason) == ("ok", "not_modified")
+    assert fetched["status"] == 304 and fetched["body"] == b""
+    assert fetched["job"]["visit"] == 2
+    # the answer's newer ETag wins; the Last-Modified it did not repeat is kept
+    assert fetched["validators"] == {"etag": '"v8"', "last_modified": LM}
+
+
+def test_a_304_nobody_asked_for_is_not_taken_as_unchanged() -> None:
+    res, _ = _answer(_job(), 304)  # a first visit sends no validators
+    assert res.reason == "unexpected_304" and res.seen[0] == "DEAD"
+
+
+def test_a_200_carries_the_answers_validators_for_the_next_visit() -> None:
+    _, (fetched, *_) = _answer(_job(), 200, {"etag": ETAG})
+    assert fetched["validators"] == {"etag": ETAG}
+
+
+# --- what parse makes of a visit ----------------------------------------------------------
+
+class _Gate:
+    def add(self, n: int) -> None:
+        self.added = n
+
+
+def _parse(job: CrawlJob, status: int, body: bytes,
+           validators: dict[str, str] | None = None) -> tuple[ParsedPage, list[CrawlJob]]:
+    s = load_settings(topic_prefix="u.", partitions=4)
+    stage = object.__new__(ParseStage)  # its parsing alone: no consumer, no gate thread
+    stage.settings, stage.topology = s, topology_of(s)
+    stage.encoder, stage.worker = Encoder(stage.topology, "p1"), "p1"
+    stage._recent, stage._allowed, stage._gate = RecentSet(), frozenset(), _Gate()  # type: ignore[assignment]
+    stage.status = type("S", (), {"add": lambda *a: None})()  # type: ignore[assignment]
+    result: FetchResult = {
+        "job": job, "final_url": URL, "status": status, "content_type": "text/html",
+        "body": body, "fetched_at_ms": 1_780_000_000_000, "elapsed_ms": 5, "redirects": [],
+        "worker": "f1", "profile_bundle_version": "", "http_version": "",
+        "tls_version": "", "code_revision": "", "outcome": "ok", "reason": "",
+        "attempt_ms": 5, "fetcher_version": "", "validators": validators or {}}
+    outs = stage._outputs(result)
+    codec, topo = stage.encoder.codec, stage.topology
+    page = codec.decode_as(ParsedPage, outs[0].value, outs[0].headers)
+    jobs = [codec.decode_as(CrawlJob, o.value, o.headers) for o in outs[1:]
+            if topo.record_of(o.topic) == "CrawlJob"]
+    return page, jobs
+
+
+HTML = b"<html><title>T</title><body><p>The bridge is open at 12:00.</p>" \
+       b"<a href='/next'>next</a></body></html>"
+
+
+def test_a_first_visit_is_changed_and_follows_its_links() -> None:
+    page, jobs = _parse(_job(), 200, HTML, {"etag": ETAG})
+    assert (page["visit"], page["changed"]) == (0, True)
+    assert page["validators"] == {"etag": ETAG, "signature": page["signature"]}
+    assert [j["url"] for j in jobs] == ["http://a.test/next"]
+    assert (page["pinned"], page["meta"]) == (True, {"campaign": "c"})
+
+
+def test_a_revisit_with_the_same_text_is_unchanged_and_emits_no_links() -> None:
+    first, _ = _parse(_job(), 200, HTML)
+    later = HTML.replace(b"12:00", b"13:30")  # only the clock moved
+    page, jobs = _parse(_job(visit=1, validators=first["validators"]), 200, later)
+    assert (page["visit"], page["changed"], jobs) == (1, False, [])
+    assert page["signature"] == first["signature"]
+
+
+def test_a_revisit_with_new_text_is_changed() -> None:
+    first, _ = _parse(_job(), 200, HTML)
+    page, jobs = _parse(_job(visit=1, validators=first["validators"]), 200,
+                        HTML.replace(b"open", b"closed"))
+    assert page["changed"] is True and page["signature"] != first["signature"]
+    assert [j["url"] for j in jobs] == ["http://a.test/next"]
+
+
+def test_a_304_revisit_keeps_the_last_signature_and_emits_nothing() -> None:
+    last = {"etag": ETAG, "signature": "ab" * 16}
+    page, jobs = _parse(_job(visit=3, validators=last), 304, b"", {"etag": ETAG})
+    assert (page["status"], page["changed"], page["text"], jobs) == (304, False, "", [])
+    assert page["validators"] == last
+
+
+# --- what the store keeps -----------------------------------------------------------------
+
+@pytest.mark.parametrize(("visit", "status", "changed", "outcome", "kept"), [
+    (0, 200, True, "new", True),
+    (2, 200, True, "changed", True),
+    (2, 200, False, "unchanged", True),
+    (2, 304, False, "not_modified", False),  # pages keeps the version it had
+])
+def test_every_visit_is_a_row_and_a_304_keeps_the_last_version(
+        visit: int, status: int, changed: bool, outcome: str, kept: bool) -> None:
+    page = {"dedupe_key": f"default|{URL}", "url": URL, "target": "a.test",
+            "profile": "default", "status": status, "fetched_at_ms": 1_780_000_000_000,
+            "visit": visit, "changed": changed, "signature": "s",
+            "validators": {"etag": ETAG}}
+    assert visit_outcome(page) == outcome  # type: ignore[arg-type]
+    assert keeps_version(page) is kept  # type: ignore[arg-type]
+    row = visit_row(page)  # type: ignore[arg-type]
+    assert (row[1], row[6], row[7], row[8], row[10]) == (visit, status, outcome, int(changed),
+                                                         ETAG)
