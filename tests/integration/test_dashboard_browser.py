@@ -92,7 +92,10 @@ def _cli_rows(s: Settings, view: str, since_s: int) -> list[dict[str, Any]]:
 
 
 def _norm(value: Any) -> Any:
-    """A figure as the page shows it and as the CLI prints it, made comparable."""
+    """A figure as the page shows it and as the CLI prints it, made comparable (the page
+    shows NULL as an empty cell)."""
+    if value is None:
+        return ""
     if isinstance(value, list):
         value = ", ".join(str(v) for v in value)
     text = str(value)
