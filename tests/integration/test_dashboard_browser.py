@@ -255,6 +255,7 @@ def test_dashboard_in_a_browser_on_a_crawl(dashboard: tuple[str, Settings],
         page.click("#windows button[data-window='all']")
         _wait_js(page, "document.body.dataset.window === 'all'")
         _rendered(page, int(page.evaluate("document.body.dataset.seq")))
+        page.evaluate("window.scrollTo(0, 0)")  # the sticky header at the top of the picture
         shot = Path(os.environ.get("DASHBOARD_SCREENSHOT") or tmp_path / "dashboard.png")
         shot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(shot), full_page=True)
