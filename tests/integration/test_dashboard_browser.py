@@ -161,7 +161,9 @@ def test_dashboard_in_a_browser_on_a_crawl(dashboard: tuple[str, Settings],
         assert run_crawl(one_off, first.seeds(), Plan(), timeout_s=240).drained
     sync_playwright = _browser()
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        # As root (CI) Chromium needs --no-sandbox; a container's small /dev/shm, the other.
+        browser = pw.chromium.launch(executable_path=CHROMIUM,
+                                     args=["--no-sandbox", "--disable-dev-shm-usage"])
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
         requests: list[str] = []
         problems: list[str] = []
