@@ -10,15 +10,19 @@ BENCH_STAMP := $(VENV)/.bench-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 # setuptools explains editable installs in a ten-line warning on every install: not news.
 QUIET_PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q
 
-.PHONY: sysdeps setup demo test lint bench soak clean-cache
+.PHONY: sysdeps setup demo test lint bench soak clean-cache dashboard-screenshot
 
 PACKAGES := crawlfleet chaos schemas producers consumers streams infra core sites
 
-# System tools: Java + Maven run the local Kafka.
+# System tools: Java + Maven run the local Kafka; Debian's Chromium is the browser the
+# dashboard's test drives (Playwright on /usr/bin/chromium: no browser download).
 sysdeps:
 	@command -v java >/dev/null && command -v mvn >/dev/null || \
 	  (echo "installing Java and Maven (apt-get)"; apt-get update -qq && \
 	   apt-get install -y -qq openjdk-17-jre-headless maven >/dev/null)
+	@test -x /usr/bin/chromium && command -v chromedriver >/dev/null || \
+	  (echo "installing Chromium (apt-get)"; apt-get update -qq && \
+	   apt-get install -y -qq chromium chromium-driver >/dev/null)
 
 # The demo needs the package alone; the tests add the dev extra (pytest, linters, manifest
 # validators); the benchmark's peer (Scrapy) is installed by `make bench` alone.
@@ -58,6 +62,11 @@ test: lint
 	  test -f .crawlfleet/current-test && \
 	    echo "the test process died while running $$(cat .crawlfleet/current-test)"; \
 	  exit $$rc; }
+
+# README's picture of the dashboard: the browser test's screenshot after its demo crawls.
+dashboard-screenshot: lint
+	DASHBOARD_SCREENSHOT=docs/dashboard.png $(BIN)/python -m pytest -p no:cacheprovider \
+	  tests/integration/test_dashboard_browser.py
 
 bench: setup $(BENCH_STAMP)
 	$(BIN)/python -m bench.crawl_bench --pages 10000

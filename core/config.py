@@ -238,6 +238,8 @@ class Settings:
     metrics_port: int = -1
     #: Address the metrics endpoint binds; loopback unless a scraper elsewhere needs it.
     metrics_bind: str = "127.0.0.1"
+    #: Port of ``crawlfleet dashboard`` on 127.0.0.1 (0 = any free port, printed at start).
+    dashboard_port: int = 8765
     #: Code revision of the version tuple (telemetry, pages, the approved set): empty =
     #: auto, the git commit the package runs from (``+dirty`` if tracked files differ),
     #: else the package version. Set it to name a build (tests play two versions so).
@@ -415,6 +417,8 @@ def _problems(s: Settings) -> list[str]:
         out.append("metrics_port must be -1 (off), 0 (any free port) or a port number")
     if not s.metrics_bind.strip():
         out.append("metrics_bind must not be empty")
+    if not 0 <= s.dashboard_port <= 65535:
+        out.append("dashboard_port must be 0 (any free port) or a port number")
     if not s.user_agent.strip():
         out.append("user_agent must not be empty")
     return out

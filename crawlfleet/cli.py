@@ -308,13 +308,17 @@ def demo_cmd(port: Annotated[int, typer.Option(
     console.print(t)
     hint = 'crawlfleet sql "SELECT url, title FROM pages_v LIMIT 10"'
     console.print(f"query more with: {hint}" + (f" --data-dir {data_dir}" if data_dir else ""))
+    console.print("see it in a browser: crawlfleet dashboard"
+                  + (f" --data-dir {data_dir}" if data_dir else "")
+                  + "  (prints its URL, http://127.0.0.1:8765/?token=...)", markup=False,
+                  highlight=False)
     if not summary.drained:
         raise typer.Exit(1)
 
 
 # The operator commands register themselves on ``app`` when imported (after these, so the
 # help lists the everyday commands first).
-from crawlfleet import cli_ops  # noqa: E402,F401
+from crawlfleet import cli_dashboard, cli_ops  # noqa: E402,F401
 
 
 def main() -> None:

@@ -57,9 +57,14 @@ TOKEN_FILE = "query.token"  # noqa: S105 - a file name, not a secret
 TOKEN_HEADER = "X-Crawlfleet-Token"  # noqa: S105 - a header name
 #: Every query from outside the store worker runs under these: reads only (no DDL, no
 #: writes, no settings changes, and no table functions that reach out of the store --
-#: ``url``, ``file``, ``remote``, ``s3`` ... are refused in readonly mode). Only ``readonly``:
-#: once a query ran read-only, chDB refuses any other setting on later ones.
-READ_ONLY_SETTINGS = {"readonly": 1}
+#: ``url``, ``file``, ``remote``, ``s3`` ... are refused in readonly mode), stopped by the
+#: engine past the time the endpoint's client waits (60 s) and past a memory budget, so no
+#: reader starves the store worker serving it; the query's own SETTINGS clause cannot lift
+#: them. ``readonly`` comes last: chDB applies a query's settings in order on a session that
+#: keeps the previous query's readonly, so a limit after it is refused as a settings change
+#: from the second query on. Result rows are capped by whoever shows them (the dashboard).
+READ_ONLY_SETTINGS: dict[str, int] = {"max_execution_time": 60, "max_memory_usage": 1 << 30,
+                                      "readonly": 1}
 #: Held by the store worker for its whole life: while it is held, readers never open the path.
 OWNER_LOCK = "owner.lock"
 #: Held by whoever has the engine open (the store worker, or one reader for one query).

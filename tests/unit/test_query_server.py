@@ -108,6 +108,22 @@ def test_the_cli_path_sends_the_token_and_is_read_only_too(
     assert query_owner(s.clickhouse_path, "SELECT count() FROM pages")[1] == [[0]]
 
 
+def test_readers_run_under_the_stores_limits_which_a_query_cannot_lift(
+        served: tuple[Settings, Store]) -> None:
+    """Time and memory limits beside readonly (issue 40), on every query of a reader's
+    session, refused ones between them; a query's SETTINGS clause cannot raise them."""
+    from infra.clickhouse import READ_ONLY_SETTINGS
+    s, _ = served
+    assert list(READ_ONLY_SETTINGS)[-1] == "readonly"  # limits first: see its comment
+    assert READ_ONLY_SETTINGS["max_execution_time"] > 0 < READ_ONLY_SETTINGS["max_memory_usage"]
+    for _ in range(2):
+        with pytest.raises(CrawlfleetError, match=r"READONLY|readonly"):
+            query_owner(s.clickhouse_path, "SELECT 1 SETTINGS max_execution_time = 0")
+        with pytest.raises(CrawlfleetError, match=r"READONLY|readonly"):
+            query_owner(s.clickhouse_path, "INSERT INTO pages (url) VALUES ('x')")
+        assert query_owner(s.clickhouse_path, "SELECT 7")[1] == [[7]]
+
+
 def test_a_slow_query_never_holds_the_workers_inserts(served: tuple[Settings, Store]) -> None:
     """A reader's query that holds the engine 3 s (``sleep(3)``): the worker's insert, made
     half a second in, returns long before the query could have let a shared lock go."""

@@ -15,6 +15,7 @@ RUNBOOK = REPO / "infra" / "RUNBOOK.md"
 COVERED = {
     "top": ("tests/integration/test_top.py", "crawlfleet.cli top"),
     "sql": ("tests/integration/test_dashboards.py", '"sql", "--view"'),
+    "dashboard": ("tests/integration/test_dashboard_browser.py", '"dashboard", "--port"'),
     "trace": ("tests/integration/test_trace.py", '"crawlfleet.cli", "trace"'),
     "doctor": ("tests/integration/test_doctor.py", '"doctor"'),
     "pause": ("tests/integration/test_cli_newcomer.py", '["pause"'),

@@ -9,6 +9,7 @@ SELECT target,
        uniqExactIf(event_id, outcome = 'retry') AS retries,
        uniqExactIf(event_id, outcome = 'dead') AS dead,
        round(blocked / requests, 4) AS block_rate,
-       round(retries / requests, 4) AS retry_rate
+       round(retries / requests, 4) AS retry_rate,
+       round(not_found / requests, 4) AS not_found_rate
 FROM fetch_events WHERE $__timeFilter(ts)
 GROUP BY target ORDER BY requests DESC
