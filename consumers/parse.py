@@ -17,6 +17,7 @@ from confluent_kafka import Message
 from consumers.attempts import fetch_event
 from consumers.html import extract
 from consumers.scope import follow
+from consumers.sitemaps import SitemapStep, is_sitemap
 from core import __version__
 from core.errors import CrawlfleetError, InternalError
 from core.profiles import DIRECT, EGRESS_META
@@ -79,6 +80,13 @@ class ParseStage(BatchStage):
         self._allowed = frozenset(self.settings.allowed_targets)
         # Measured off the loop: a slow offsets read must not hold the pages meanwhile.
         self._gate = FrontierGate(self.settings, background=True)
+        self._sitemaps = SitemapStep(self.settings, self.encoder, self.topology,
+                                     self._count)
+
+    def _count(self, name: str, n: int) -> None:
+        self.status.add(name, n)
+        if name == "sitemap_jobs":
+            self._gate.add(n)
 
     def run(self) -> None:
         try:
@@ -123,6 +131,8 @@ class ParseStage(BatchStage):
 
     def _outputs(self, result: FetchResult) -> list[Output]:
         job = result["job"]
+        if is_sitemap(job):  # not a page: expanded into the jobs it lists
+            return self._sitemaps.outputs(result, attempt_event(result))
         ok = 200 <= result["status"] <= 299
         page = extract(result["body"], result["final_url"], result["content_type"]) if ok \
             else None
