@@ -96,6 +96,7 @@ class ParseStage(BatchStage):
 
     def begin_batch(self) -> None:
         self._gate.refresh()
+        self._sitemaps.begin_batch()
 
     def rolled_back(self) -> None:
         # Links remembered from an aborted batch were never published: forget them all.

@@ -240,3 +240,17 @@ def test_settings_and_profiles_carry_the_sitemap_options() -> None:
 def test_publish_makes_sitemap_jobs() -> None:
     job = parse_line("http://a.test/sitemap.xml", _settings(), kind="sitemap")
     assert job is not None and job["kind"] == "sitemap" and sitemap_depth(job) == 0
+
+
+def test_a_transaction_takes_a_bounded_share_of_sitemap_jobs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from consumers import sitemaps
+    from streams.batch_stage import NotDueError
+    monkeypatch.setattr(sitemaps, "MAX_BATCH_JOBS", 2)
+    step, _ = _step()
+    body = urlset(*((f"http://a.test/{i}", None) for i in range(3)))
+    assert len(step.outputs(_result(body), None)) == 6  # the first sitemap always goes
+    with pytest.raises(NotDueError):
+        step.outputs(_result(body), None)
+    step.begin_batch()
+    assert len(step.outputs(_result(body), None)) == 6
