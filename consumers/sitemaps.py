@@ -156,7 +156,9 @@ def parse_listing(text: str, max_entries: int) -> Listing:
         raise SitemapError(f"not a sitemap: {tree.reason}")
     if isinstance(tree, AbstractIndexSitemap):
         return Listing(sitemaps=[s.url for s in tree.sub_sitemaps])
-    pages = [(p.url, _iso(p.last_modified)) for p in tree.pages]
+    # A feed's date is its item's publication (usp keeps it as a news story's)
+    pages = [(p.url, _iso(p.last_modified or (p.news_story.publish_date if p.news_story
+                                               else None))) for p in tree.pages]
     if not pages and not xml_doc and text.strip():
         raise SitemapError("text sitemap lists no http(s) URL")
     return Listing(pages=pages)
@@ -244,7 +246,8 @@ def expand(job: CrawlJob, body: bytes, s: Settings, rules: UrlRules) -> Expansio
     """The jobs the sitemap ``job`` fetched as ``body`` lists (pure: no I/O). Raises
     :class:`SitemapError` / :class:`SitemapTooLargeError` for a document that cannot be
     expanded: the caller dead-letters it whole."""
-    text = inflate(body, s.sitemap_max_bytes).decode("utf-8", "replace")
+    # utf-8-sig: a byte-order mark would hide the XML's first "<" (as usp decodes it too)
+    text = inflate(body, s.sitemap_max_bytes).decode("utf-8-sig", "replace")
     listing = parse_listing(text, ENTRIES_PER_URL_CAP * s.sitemap_max_urls)
     out = Expansion()
     per_target: Counter[str] = Counter()

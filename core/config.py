@@ -188,9 +188,10 @@ class Settings:
     max_redirects: int = 5
     #: Sitemaps (``kind`` sitemap jobs): a sitemap's bytes after every decompression, HTTP
     #: and gzip file alike (Crawlee's 50 MB; past it: dead letter ``sitemap_too_large``),
-    #: how deep indexes may nest (a sitemap listed at depth ``sitemap_max_depth`` is
-    #: dead-lettered ``sitemap_too_deep``), and how many URLs of one target one sitemap may
-    #: publish (the protocol's 50,000; the rest are dropped and counted).
+    #: how deep indexes may nest (0: the published or robots.txt-named sitemap; one listed
+    #: deeper than ``sitemap_max_depth`` is dead-lettered ``sitemap_too_deep``, unfetched),
+    #: and how many URLs of one target one sitemap may publish (the protocol's 50,000; the
+    #: rest are dropped and counted).
     sitemap_max_bytes: int = 50 * 1024 * 1024
     sitemap_max_depth: int = 10
     sitemap_max_urls: int = 50_000

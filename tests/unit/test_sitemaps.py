@@ -95,6 +95,20 @@ def test_a_gzip_file_is_inflated() -> None:
     assert [j["url"] for j in out.jobs] == ["http://a.test/z"]
 
 
+def test_an_rss_feed_lists_its_items() -> None:
+    rss = (b'<?xml version="1.0"?><rss version="2.0"><channel><title>t</title>'
+           b"<item><title>x</title><link>http://a.test/news/1</link>"
+           b"<pubDate>Mon, 02 Nov 2026 10:00:00 GMT</pubDate></item></channel></rss>")
+    out = _expand(rss)
+    assert [(j["url"], listed_lastmod(j)) for j in out.jobs] == [
+        ("http://a.test/news/1", "2026-11-02T10:00:00+00:00")]
+
+
+def test_a_byte_order_mark_is_no_text_sitemap() -> None:
+    out = _expand(b"\xef\xbb\xbf" + urlset(("http://a.test/bom", None)))
+    assert [j["url"] for j in out.jobs] == ["http://a.test/bom"]
+
+
 def test_a_text_sitemap_lists_one_url_a_line() -> None:
     out = _expand(b"http://a.test/t1\n\n  http://a.test/t2  \nnot a url\n")
     assert [j["url"] for j in out.jobs] == ["http://a.test/t1", "http://a.test/t2"]
