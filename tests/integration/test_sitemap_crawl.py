@@ -4,7 +4,7 @@ One site's sitemap index is published with ``crawlfleet publish --sitemap``; ano
 names its sitemap in robots.txt (``Sitemap:``, followed with ``follow_sitemaps``) and is
 seeded with its home page. The index holds every case at once: an urlset with ``lastmod``,
 a ``.xml.gz`` file, an index nested past the depth cap, a decompression bomb, a malformed
-sitemap, and listed URLs that are off-scope, private or disallowed by robots.txt. The store
+sitemap, one robots.txt disallows, and listed URLs that are off-scope, private or disallowed by robots.txt. The store
 holds exactly the listed pages that pass; each bad sitemap is one dead letter with its
 reason; nothing else is lost, and nothing is fetched twice or fetched that should not be.
 """
@@ -65,7 +65,8 @@ def _site_a(base: str, off_scope: str) -> dict[str, tuple[int, bytes]]:
         "/robots.txt": (200, f"User-agent: *\nDisallow: /private\nSitemap: {base}/index.xml\n"
                         .encode()),
         "/index.xml": (200, _index(*(base + p for p in (
-            "/s1.xml", "/s2.xml.gz", "/nest1.xml", "/bomb.xml.gz", "/broken.xml")))),
+            "/s1.xml", "/s2.xml.gz", "/nest1.xml", "/bomb.xml.gz", "/broken.xml",
+            "/private/sm.xml")))),  # a sitemap robots.txt disallows: never fetched
         "/s1.xml": (200, _urlset(*(base + f"/a{i}" for i in range(4)), base + "/private/x",
                                  off_scope + "/elsewhere", "http://10.0.0.7/internal",
                                  lastmod="2026-11-02T08:00:00Z")),
@@ -123,15 +124,18 @@ def test_a_crawl_from_a_published_sitemap_and_from_robots_sitemap_lines(
         assert dead == sorted([("sitemap_too_deep", a + "/nest3.xml"),
                                ("sitemap_too_large", a + "/bomb.xml.gz"),
                                ("sitemap_malformed", a + "/broken.xml"),
-                               ("robots_disallowed", a + "/private/x")])
+                               ("robots_disallowed", a + "/private/x"),
+                               ("robots_disallowed", a + "/private/sm.xml")])
         # Each sitemap fetched once (the robots.txt line repeating the published index
         # included); nothing past the depth cap, disallowed or off the list fetched.
         for path in ("/index.xml", "/s1.xml", "/s2.xml.gz", "/nest1.xml", "/leaf.xml",
                      "/nest2.xml", "/bomb.xml.gz", "/broken.xml", "/robots.txt"):
             assert site_a.count(path) == 1, (path, site_a.requests)
         assert site_a.count("/nest3.xml") == site_a.count("/private/x") == 0
+        assert site_a.count("/private/sm.xml") == 0
         assert site_b.count("/sm.xml") == 1 and site_b.count("/robots.txt") == 1
-        sitemap_events = query(s, "SELECT count() FROM fetch_events WHERE url LIKE '%.xml%'")
+        sitemap_events = query(s, "SELECT count() FROM fetch_events "
+                                  "WHERE url LIKE '%.xml%' AND status = 200")
         assert sitemap_events[0][0] == 9  # 8 of site a (not nest3), sm.xml of site b
 
         # lastmod travels in the page's job (for the revisit policy).
