@@ -4,9 +4,10 @@ One site's sitemap index is published with ``crawlfleet publish --sitemap``; ano
 names its sitemap in robots.txt (``Sitemap:``, followed with ``follow_sitemaps``) and is
 seeded with its home page. The index holds every case at once: an urlset with ``lastmod``,
 a ``.xml.gz`` file, an index nested past the depth cap, a decompression bomb, a malformed
-sitemap, one robots.txt disallows, and listed URLs that are off-scope, private or disallowed by robots.txt. The store
-holds exactly the listed pages that pass; each bad sitemap is one dead letter with its
-reason; nothing else is lost, and nothing is fetched twice or fetched that should not be.
+sitemap, one robots.txt disallows, and listed URLs that are off-scope, private or
+disallowed by robots.txt. The store holds exactly the listed pages that pass; each bad
+sitemap is one dead letter with its reason; nothing else is lost, and nothing is fetched
+twice or fetched that should not be.
 """
 
 from __future__ import annotations
