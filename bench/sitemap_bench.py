@@ -90,6 +90,7 @@ def run_crawlfleet(docs: dict[str, bytes], per_sitemap: int, records: bool) -> i
         url, depth = pending.pop()
         job = _job(url, depth)
         if records and depth > 0:  # the parse stage's records of a leaf sitemap
+            step.begin_batch()  # one transaction per sitemap
             outs = step.outputs({"job": job, "status": 200, "body": docs[url]},  # type: ignore[typeddict-item]
                                 None)
             got += sum(1 for o in outs if o.topic == topo.frontier)
