@@ -24,6 +24,7 @@ from consumers.fetch.conditional import NOT_MODIFIED, SIGNATURE
 from consumers.html import extract
 from consumers.scope import follow
 from consumers.signature import text_signature
+from consumers.sitemaps import SitemapStep, is_sitemap
 from core import __version__
 from core.errors import CrawlfleetError, InternalError
 from core.profiles import DIRECT, EGRESS_META
@@ -96,6 +97,13 @@ class ParseStage(BatchStage):
         self._revisits = RevisitPolicies(self.settings.revisit, self.settings.revisits)
         # Measured off the loop: a slow offsets read must not hold the pages meanwhile.
         self._gate = FrontierGate(self.settings, background=True)
+        self._sitemaps = SitemapStep(self.settings, self.encoder, self.topology,
+                                     self._count)
+
+    def _count(self, name: str, n: int) -> None:
+        self.status.add(name, n)
+        if name == "sitemap_jobs":
+            self._gate.add(n)
 
     def run(self) -> None:
         try:
@@ -105,6 +113,7 @@ class ParseStage(BatchStage):
 
     def begin_batch(self) -> None:
         self._gate.refresh()
+        self._sitemaps.begin_batch()
 
     def rolled_back(self) -> None:
         # Links remembered from an aborted batch were never published: forget them all.
@@ -140,6 +149,8 @@ class ParseStage(BatchStage):
 
     def _outputs(self, result: FetchResult) -> list[Output]:
         job = result["job"]
+        if is_sitemap(job):  # not a page: expanded into the jobs it lists
+            return self._sitemaps.outputs(result, attempt_event(result))
         visit = int(job.get("visit") or 0)
         last = (job.get("validators") or {}).get(SIGNATURE, "")
         if result["status"] == NOT_MODIFIED and visit > 0:

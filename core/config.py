@@ -192,6 +192,18 @@ class Settings:
     connect_timeout_s: float = 5.0
     max_response_bytes: int = 5 * 1024 * 1024
     max_redirects: int = 5
+    #: Sitemaps (``kind`` sitemap jobs): a sitemap's bytes after every decompression, HTTP
+    #: and gzip file alike (Crawlee's 50 MB; past it: dead letter ``sitemap_too_large``),
+    #: how deep indexes may nest (0: the published or robots.txt-named sitemap; one listed
+    #: deeper than ``sitemap_max_depth`` is dead-lettered ``sitemap_too_deep``, unfetched),
+    #: and how many URLs of one target one sitemap may publish (the protocol's 50,000; the
+    #: rest are dropped and counted).
+    sitemap_max_bytes: int = 50 * 1024 * 1024
+    sitemap_max_depth: int = 10
+    sitemap_max_urls: int = 50_000
+    #: The implicit default profile follows the ``Sitemap:`` lines of robots.txt (a
+    #: configured profile says so itself: ``follow_sitemaps = true``).
+    follow_sitemaps: bool = False
     #: Allow private, loopback and link-local addresses (tests and the demo only).
     allow_private: bool = False
     #: Non-public destinations allowed one by one (tests, private deployments): host
@@ -257,7 +269,8 @@ class Settings:
             self.default_profile: Profile(
                 name=self.default_profile, user_agent=self.user_agent,
                 robots_token=self.robots_agent or product_token(self.user_agent),
-                region=self.region, bundle_version=self.profile_bundle_version)}
+                region=self.region, bundle_version=self.profile_bundle_version,
+                follow_sitemaps=self.follow_sitemaps)}
         if self.default_profile not in profiles:
             raise ConfigError(f"invalid configuration: default_profile "
                               f"{self.default_profile!r} is not one of the profiles "
@@ -406,6 +419,12 @@ def _problems(s: Settings) -> list[str]:
         out.append(f"block_statuses must be 4xx/5xx statuses, not {bad}")
     if s.max_redirects < 0:
         out.append("max_redirects must be >= 0")
+    if not 1024 <= s.sitemap_max_bytes <= 1 << 30:
+        out.append("sitemap_max_bytes must be in [1024, 1 GiB]")
+    if not 0 <= s.sitemap_max_depth <= 100:
+        out.append("sitemap_max_depth must be in [0, 100] (0: no sitemap indexes)")
+    if not 1 <= s.sitemap_max_urls <= 10_000_000:
+        out.append("sitemap_max_urls must be in [1, 10,000,000]")
     for module in s.stage_modules:
         if not _MODULE_RE.fullmatch(module):
             out.append(f"stage_modules entry {module!r} is not a dotted module name")

@@ -100,6 +100,25 @@ class DecompressionBombError(ResponseTooLargeError):
     reason = "decompression_bomb"
 
 
+class SitemapError(FatalError):
+    """A fetched sitemap that cannot be expanded (not XML, text or a feed; broken XML; a
+    DTD or entity): dead-lettered whole, so no half-read list is taken for the site's."""
+
+    reason = "sitemap_malformed"
+
+
+class SitemapTooLargeError(ResponseTooLargeError):
+    """A sitemap past its caps (decompressed bytes, entries): refused before parsing."""
+
+    reason = "sitemap_too_large"
+
+
+class SitemapTooDeepError(SitemapError):
+    """A sitemap index nested past ``sitemap_max_depth``: the sub-sitemap is not fetched."""
+
+    reason = "sitemap_too_deep"
+
+
 class TooManyRedirectsError(FatalError):
     """The redirect chain exceeded the configured cap (or came back to where it started)."""
 

@@ -48,7 +48,7 @@ RESERVED_HEADERS = frozenset({"host", "cookie", "user-agent", "content-length",
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _TOKEN_RE = re.compile(r"[A-Za-z0-9_.-]+")
 _PROFILE_KEYS = frozenset({"user_agent", "robots_token", "headers", "region", "egress",
-                           "cookies", "bundle_version", "targets"})
+                           "cookies", "bundle_version", "targets", "follow_sitemaps"})
 _EGRESS_KEYS = frozenset({"proxy", "region"})
 
 
@@ -104,6 +104,8 @@ class Profile:
     cookies: bool = False
     bundle_version: str = "1"
     targets: tuple[str, ...] = ()
+    #: Its robots.txt fetches publish the file's ``Sitemap:`` lines as sitemap jobs.
+    follow_sitemaps: bool = False
 
     def allowed_for(self, target: str) -> bool:
         return not self.targets or target in self.targets
@@ -212,8 +214,16 @@ def parse_profiles(raw: Mapping[str, Any], egress: Mapping[str, Egress]) -> dict
             headers=tuple((str(k), str(v)) for k, v in headers.items()),
             cookies=bool(spec.get("cookies", False)),
             bundle_version=str(spec.get("bundle_version") or "1"),
-            targets=tuple(str(t) for t in (spec.get("targets") or ())))
+            targets=tuple(str(t) for t in (spec.get("targets") or ())),
+            follow_sitemaps=_flag(where, spec, "follow_sitemaps"))
     return out
+
+
+def _flag(where: str, spec: Mapping[str, Any], key: str) -> bool:
+    value = spec.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: {key} must be true or false")
+    return value
 
 
 def tables_of(value: Any, setting: str) -> dict[str, Any]:

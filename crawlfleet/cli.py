@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 from pathlib import Path
@@ -108,28 +109,39 @@ def topics_create(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
 
 
 @command("publish")
-def publish_cmd(source: Annotated[str, typer.Argument(
-                    metavar="SOURCE", help="File of URLs / JSON lines, or - for stdin.")],
+def publish_cmd(source: Annotated[str | None, typer.Argument(
+                    metavar="[SOURCE]", help="File of URLs / JSON lines, or - for stdin.")
+                    ] = None,
                 config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
                 topic_prefix: PrefixOpt = None,
                 profile: Annotated[str | None, typer.Option(
                     "--profile", help="Pin every line that names no profile to this one. "
                     "[default: none; such lines are unpinned, starting at the default "
                     "profile, env CRAWLFLEET_DEFAULT_PROFILE]")
-                ] = None) -> None:
+                ] = None,
+                sitemap: Annotated[list[str] | None, typer.Option(
+                    "--sitemap", metavar="URL", help="Publish this sitemap (or index, .xml.gz, "
+                    "text sitemap): the parse stage publishes the URLs it lists. Repeatable; "
+                    "SOURCE lines then are sitemaps too. [default: none]")] = None) -> None:
     """Publish seeds to the frontier; bad lines are reported, good ones still go through."""
     from core.profiles import valid_name
     from producers.frontier import TopicsMissingError, publish
     if profile is not None and not valid_name(profile):
         _error(f"--profile {profile!r} is not a profile name (letters, digits, '.', '_', '-')")
         raise typer.Exit(2)
+    if source is None and not sitemap:
+        _error("publish needs a SOURCE (a file of URLs, or - for stdin) or --sitemap URL")
+        raise typer.Exit(2)
+    kind = "sitemap" if sitemap else "page"
     try:
         s = _on_cluster(_settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix))
-        if source == "-":
-            report = publish(sys.stdin, s, profile)
+        if source is None:
+            report = publish(sitemap or [], s, profile, kind=kind)
+        elif source == "-":
+            report = publish(itertools.chain(sitemap or [], sys.stdin), s, profile, kind=kind)
         else:
             with open(source, encoding="utf-8", errors="replace") as fh:
-                report = publish(fh, s, profile)
+                report = publish(itertools.chain(sitemap or [], fh), s, profile, kind=kind)
     except OSError as exc:
         _error(f"cannot read {source}: {exc}")
         raise typer.Exit(2) from exc

@@ -56,10 +56,12 @@ class PublishReport:
                 "either dead-letters the job as unknown_profile")
 
 
-def parse_line(line: str, settings: Settings, profile: str | None = None) -> CrawlJob | None:
+def parse_line(line: str, settings: Settings, profile: str | None = None,
+               kind: str = "page") -> CrawlJob | None:
     """One input line → a CrawlJob dict (None for blank/comment lines).
 
-    ``profile`` (``publish --profile``) pins every line that names none to it.
+    ``profile`` (``publish --profile``) pins every line that names none to it; ``kind``
+    ``sitemap`` (``publish --sitemap``) makes it a sitemap to expand.
     """
     text = line.strip()
     if not text or text.startswith("#"):
@@ -95,7 +97,7 @@ def parse_line(line: str, settings: Settings, profile: str | None = None) -> Cra
             "profile": named or settings.default_profile,
             "depth": 0, "attempt": 0, "parent_url": None, "last_error": None,
             "priority": max(0, min(priority, 1)), "meta": meta, "delay_ms": 0,
-            "pinned": _pinned(named, pinned, settings), "kind": "page", "visit": 0,
+            "pinned": _pinned(named, pinned, settings), "kind": kind, "visit": 0,
             "validators": {}}
 
 
@@ -110,12 +112,12 @@ def _pinned(named: str, explicit: bool | None, settings: Settings) -> bool:
 
 
 def jobs_from_lines(lines: Iterable[str], settings: Settings, report: PublishReport,
-                    profile: str | None = None) -> Iterator[CrawlJob]:
+                    profile: str | None = None, kind: str = "page") -> Iterator[CrawlJob]:
     seen: set[str] = set()
     known = settings.profile_table
     for number, line in enumerate(lines, start=1):
         try:
-            job = parse_line(line, settings, profile)
+            job = parse_line(line, settings, profile, kind)
         except CrawlfleetError as exc:
             report.errors.append((number, str(exc)))
             continue
@@ -142,9 +144,11 @@ class TopicsMissingError(ConfigError):
 
 
 def publish(lines: Iterable[str], settings: Settings,
-            profile: str | None = None, frontier_empty: bool = False) -> PublishReport:
+            profile: str | None = None, frontier_empty: bool = False,
+            kind: str = "page") -> PublishReport:
     """Publish every good line to the frontier (idempotent producer, acks=all); ``profile``
-    pins the lines that name none (:func:`parse_line`). ``frontier_empty``: the caller has
+    pins the lines that name none (:func:`parse_line`); ``kind`` ``sitemap`` publishes
+    them as sitemaps (expanded by the parse stage). ``frontier_empty``: the caller has
     just made the frontier topics (a one-off crawl), so the frontier gate knows its lag
     without asking the broker for the first second.
 
@@ -156,7 +160,7 @@ def publish(lines: Iterable[str], settings: Settings,
     missing = missing_topics(settings, [topology.frontier, topology.frontier_high,
                                         topology.lineage])
     if missing:
-        for _ in jobs_from_lines(lines, settings, report, profile):
+        for _ in jobs_from_lines(lines, settings, report, profile, kind):
             pass  # validate every line all the same: the report names the bad ones
         raise TopicsMissingError(
             f"topic{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
@@ -174,7 +178,7 @@ def publish(lines: Iterable[str], settings: Settings,
 
     gate = FrontierGate(settings, known_lag=0 if frontier_empty else None)
     try:
-        for job in jobs_from_lines(lines, settings, report, profile):
+        for job in jobs_from_lines(lines, settings, report, profile, kind):
             if gate.over():  # the frontier is full: wait for fetching to catch up
                 producer.flush(30)
                 report.waited_s += gate.wait()

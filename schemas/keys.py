@@ -22,6 +22,20 @@ REDIRECT_HOPS = "redirect_hops"
 #: policy shrinks or grows for the next one (``core.revisits``).
 REVISIT_INTERVAL = "revisit_interval_s"
 
+#: Job meta key of a sitemap job's nesting depth (0: published or named by robots.txt).
+SITEMAP_DEPTH = "sitemap_depth"
+#: Job validators key: the ``<lastmod>`` a sitemap listed for the page (ISO 8601, UTC).
+LASTMOD = "lastmod"
+
+
+def listed_lastmod(job: Mapping[str, Any]) -> str | None:
+    """When the sitemap that listed ``job``'s page says it last changed (ISO 8601 in UTC,
+    e.g. ``2026-11-01T10:00:00+00:00``), or None: the one reader of it, for the revisit
+    policy. It travels in ``validators`` (never inherited by the page's links, unlike
+    ``meta``), set only by :func:`consumers.sitemaps.page_job`."""
+    value = (job.get("validators") or {}).get(LASTMOD)
+    return str(value) if value else None
+
 
 def dedupe_key(profile: str, canonical_url: str, pinned: bool = True) -> str:
     """Semantic key of a page fetch, the one rule for every job type.

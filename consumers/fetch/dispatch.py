@@ -25,8 +25,10 @@ from consumers.fetch.http import Fetcher, Identity
 from consumers.fetch.intake import Intake
 from consumers.fetch.outcomes import Result
 from consumers.fetch.robots import UNREACHABLE_RETRY_S
+from consumers.fetch.sitemap_fetch import packed, robots_outputs
 from consumers.fetch.targets import Targets
 from consumers.fetch.wiring import FetchWiring
+from consumers.sitemaps import fetch_cap
 from core.errors import CrawlfleetError, RobotsDisallowedError
 from schemas.topics import partition_for
 from streams.control import ControlState
@@ -196,10 +198,10 @@ class Dispatcher:
                 await targets.spaced(target)
                 # a revisit asks "changed since?" with what its last visit answered
                 resp = await self.fetcher.get(
-                    job["url"], identity=identity,
+                    job["url"], fetch_cap(job, self.s), identity=identity,
                     conditional=job.get("validators") if job.get("visit", 0) else None)
                 answered = resp.status
-                result = self.rules.response(pj, resp, started)
+                result = self.rules.response(pj, packed(job, resp), started)
         except CrawlfleetError as exc:
             result = self.rules.error(pj, exc, started)
         except Exception as exc:  # a bug must not leave the job unfinished, pinning offsets
@@ -224,6 +226,10 @@ class Dispatcher:
         else:
             self.status.add("dead")
             self.status.metrics.dead_letter(result.reason)
+        owed = targets.take_sitemaps(job["url"])  # robots.txt's Sitemap: lines, once
+        if owed:
+            result.outputs += robots_outputs(self.rules.enc, self.topo, job, pj.profile,
+                                             owed, self.s)
         self.intake.finish(pj, result.outputs, result.seen)
         self.intake.refill(target)
 

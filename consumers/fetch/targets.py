@@ -34,6 +34,7 @@ from consumers.fetch.scheduler import TargetScheduler
 from consumers.fetch.target_policy import Observed, TargetPolicy
 from core.config import Settings
 from core.profiles import EGRESS_META, unknown_profile
+from core.urls import origin_of
 from streams.control import ControlState
 from streams.ledger import Pending
 from streams.status import StatusFile
@@ -70,6 +71,9 @@ class Targets:
         self.policy = TargetPolicy(s, self.sched, self.robots, self.cap, status.add)
         self.ids = self.policy.identities
         self.pacer = Pacer(s.fleet_rate_cap)
+        #: robots.txt ``Sitemap:`` lines not yet carried by a job, by origin (bounded).
+        self.follow_sitemaps = any(p.follow_sitemaps for p in profiles)
+        self.sitemaps_owed: dict[str, tuple[str, ...]] = {}
 
     # --- live control: caps, paused targets, quarantine holds -------------------------------
 
@@ -173,8 +177,23 @@ class Targets:
 
     async def rules_for(self, url: str, target: str,
                         identity: Identity) -> RobotsRules | None:
-        """The rules (fetched as ``identity`` if not cached: then None, the slot was spent)."""
-        return await self.robots.rules_for(url, target, identity)
+        """The rules (fetched as ``identity`` if not cached: then None, the slot was spent).
+        A file fetched now leaves its ``Sitemap:`` lines for :meth:`take_sitemaps`."""
+        fetched = self.robots.fetched
+        rules = await self.robots.rules_for(url, target, identity)
+        if self.follow_sitemaps and self.robots.fetched != fetched:
+            known = self.robots.known(url)
+            lines = tuple(known.parser.sitemaps) if known and known.parser else ()
+            if lines:
+                if len(self.sitemaps_owed) >= self.s.max_target_state:
+                    self.sitemaps_owed.pop(next(iter(self.sitemaps_owed)))
+                self.sitemaps_owed[origin_of(url)] = lines
+        return rules
+
+    def take_sitemaps(self, url: str) -> tuple[str, ...]:
+        """The ``Sitemap:`` lines of ``url``'s origin's robots.txt fetched since a job of
+        that origin last took them (once per fetch of the file; see ``sitemap_fetch``)."""
+        return self.sitemaps_owed.pop(origin_of(url), ()) if self.sitemaps_owed else ()
 
     def has_work(self, target: str) -> bool:
         """Whether ``target`` has jobs queued here or parked (committed or not)."""
