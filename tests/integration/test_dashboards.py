@@ -74,8 +74,9 @@ def test_views_and_grafana_panels_on_a_crawl(settings: Settings,
     good = got["good_pages"]
     assert sum(r["good_pages"] for r in good) == 2 * N  # the 404s and 403s are not good pages
     assert sum(r["pages"] for r in good) == 3 * N + NB
-    assert {r["stage"] for r in got["queue_depth"]} == {"fetch", "parse", "store", "retry"}
-    assert {r["stage"] for r in got["oldest_task_age"]} == {"fetch", "parse", "store", "retry"}
+    every = {"fetch", "parse", "store", "retry", "revisit"}
+    assert {r["stage"] for r in got["queue_depth"]} == every
+    assert {r["stage"] for r in got["oldest_task_age"]} == every
     assert any(r["records_per_s"] > 0 for r in got["throughput"] if r["stage"] == "fetch")
     (worker,) = got["worker_success"]
     assert worker["requests"] == sum(r["requests"] for r in health.values())
