@@ -87,7 +87,8 @@ def test_a_live_parked_entry_keeps_a_calm_fleet_from_counting_as_drained(
     topo = topology_of(s)
     enc = Encoder(topo, "test")
     # No workers, no lag, no status files: every gauge-based check says "drained".
-    fleet = Fleet(s, Plan(fetch_workers=0, parse_workers=0, retry_workers=0, store_workers=0),
+    fleet = Fleet(s, Plan(fetch_workers=0, parse_workers=0, retry_workers=0, store_workers=0,
+                          other_workers=0),
                   tmp_path / "logs")
     drain = DrainCheck(s, topo, fleet)
     try:
