@@ -18,7 +18,6 @@ fetch connects). A page's ``<lastmod>`` travels in its job (:func:`schemas.keys.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import re
 import xml.parsers.expat
@@ -41,7 +40,7 @@ from core.errors import (
     SitemapTooDeepError,
     SitemapTooLargeError,
 )
-from core.urls import AddressPolicy, canonicalize, host_of, resolve_link, target_of
+from core.urls import AddressPolicy, canonicalize, host_of, is_ip, resolve_link, target_of
 from producers.replay import without_replay
 from schemas.keys import LASTMOD, REDIRECT_HOPS, SITEMAP_DEPTH, page_key
 from schemas.lineage import ENQUEUED, lineage_event
@@ -192,20 +191,12 @@ def listed(raw: str, from_target: str, rules: UrlRules) -> str:
     ip = "127.0.0.1" if host == "localhost" or host.endswith(".localhost") else host
     # A name (its addresses are checked where the fetch connects) ends in a letter; the
     # check skips ip_address's exception for it, most of this function's cost.
-    if (ip[-1:].isdigit() or ":" in ip) and _is_ip(ip) and not rules.policy.allows(host, ip):
+    if (ip[-1:].isdigit() or ":" in ip) and is_ip(ip) and not rules.policy.allows(host, ip):
         return ADDRESS
     if not follow(url, from_target, 0, scope=rules.scope, max_depth=-1,
                   target_mode=rules.target_mode, allowed=rules.allowed):
         return OFF_SCOPE
     return url
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def _meta(job: CrawlJob) -> dict[str, str]:

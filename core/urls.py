@@ -61,7 +61,7 @@ def _plain_canonical(url: str) -> str | None:
     if m is None or len(url) > MAX_URL_LENGTH or "xn--" in m[2] or len(m[2]) > 253 \
             or "/." in m[4]:  # dot segments are resolved by w3lib
         return None
-    if ends_in_number(m[2]) and not _is_ip(m[2]):  # 2130706433, 127.1: an address, spelt
+    if ends_in_number(m[2]) and not is_ip(m[2]):  # 2130706433, 127.1: an address, spelt
         return None
     port = m[3]
     if port is not None and (int(port) > 65535 or int(port) == DEFAULT_PORTS[m[1]]):
@@ -100,14 +100,14 @@ def _canonicalize(url: str) -> str:
     if "%" in host:  # an IPv6 zone id (fe80::1%eth0): an interface, not a host on the web
         raise InvalidURLError(f"zone identifier in the host of {url!r}")
     try:
-        host = host.encode("idna").decode("ascii").lower() if not _is_ip(host) else host
+        host = host.encode("idna").decode("ascii").lower() if not is_ip(host) else host
     except UnicodeError as exc:
         raise InvalidURLError(f"bad host name in {url!r}") from exc
     # After IDNA's mapping: "¹" and fullwidth digits become ASCII digits there, so a host
     # spelt with them is a number too (and its canonical form a fixed point).
-    if not _is_ip(host) and ends_in_number(host):
+    if not is_ip(host) and ends_in_number(host):
         host = _whatwg_ipv4(host, url)
-    if not _is_ip(host) and not _FORBIDDEN_HOST_CHARS.isdisjoint(host):
+    if not is_ip(host) and not _FORBIDDEN_HOST_CHARS.isdisjoint(host):
         # w3lib would rewrite them (a backslash becomes a slash, moving the host into the
         # path), so the result would not be canonical, or not the same host.
         raise InvalidURLError(f"forbidden character in host name of {url!r}")
@@ -144,7 +144,7 @@ def _whatwg_ipv4(host: str, url: str) -> str:
     except ValueError as exc:
         raise InvalidURLError(f"host of {url!r} ends in a number but is no IPv4 address"
                               ) from exc
-    if not _is_ip(parsed):  # never: the parser returns an address or fails
+    if not is_ip(parsed):  # never: the parser returns an address or fails
         raise InvalidURLError(f"host of {url!r} is not an IPv4 address: {parsed!r}")
     return str(parsed)
 
@@ -153,7 +153,8 @@ _FORBIDDEN_HOST_CHARS = frozenset(chr(c) for c in range(0x21)) | frozenset("#%/:
 
 
 @lru_cache(maxsize=4096)
-def _is_ip(host: str) -> bool:
+def is_ip(host: str) -> bool:
+    """Whether ``host`` is an IP literal (v4 or v6)."""
     try:
         ipaddress.ip_address(host)
     except ValueError:
@@ -195,7 +196,7 @@ def target_of(url: str, mode: str = "host") -> str:
 @lru_cache(maxsize=1 << 16)
 def _target_of_host(host: str, mode: str) -> str:
     """Memoised by host: a crawl has far fewer hosts than URLs."""
-    if mode == "host" or _is_ip(host):
+    if mode == "host" or is_ip(host):
         return host
     return registrable_domain(host)
 
