@@ -81,6 +81,8 @@ class StageContext:
                                                         encoder, self._observe)
         #: Live timers per usable partition, per timer store.
         self._counts: dict[str, dict[int, int]] = {name: {} for name in self._timers}
+        #: Whether each timer store's timers are work still to do (read at every poll).
+        self._holds_work = {d.name: d.holds_work for d in spec.timers}
         self._usable: set[int] = set()
         self._probe = BrokerTimeProbe(settings, f"{worker}-clock", self._observe,
                                       f"{spec.name} clock probe", log) if self._timers else None
@@ -117,9 +119,8 @@ class StageContext:
 
     def timers_live(self, holding: bool | None = None) -> int:
         """Live timers (of the stores that hold work, or not, if ``holding`` is given)."""
-        held = {d.name: d.holds_work for d in self.spec.timers}
         return sum(sum(c.values()) for name, c in self._counts.items()
-                   if holding is None or held[name] is holding)
+                   if holding is None or self._holds_work[name] is holding)
 
     # --- partitions (the runtime's restore-on-assign) -------------------------------------
 
