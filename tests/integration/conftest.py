@@ -25,7 +25,9 @@ from infra.topics import create_topics, delete_topics
 from sites.demo_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-TEST_PORT = 28092  # below the ephemeral port range, like every broker port here
+# Below the ephemeral port range, like every broker port here. Two checkouts testing at
+# once (a worktree beside main) each pick their own with TEST_KAFKA_PORT.
+TEST_PORT = int(os.environ.get("TEST_KAFKA_PORT", "28092"))
 
 
 @pytest.fixture(scope="session")
