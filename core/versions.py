@@ -4,9 +4,11 @@ fleet's approved set admits (a new fetcher, HTTP library, TLS library or profile
 A worker's tuple is (profile bundle version, HTTP library version, TLS library version,
 code revision). The bundle is the configuration's ``profile_bundle_version``: the version
 of the whole set of profiles a worker is deployed with (each profile's own
-``bundle_version`` is part of that configuration). The code revision is the git commit the
-package runs from when it runs from a checkout (``+dirty`` when tracked files differ from
-it), else the package version; ``Settings.code_revision`` overrides it when set.
+``bundle_version`` is part of that configuration). The code revision is, in this order:
+``Settings.code_revision`` when set; the revision a built wheel carries
+(``core/_build_revision.py``, written by ``buildsupport.revision`` at build time: an
+installed package has no checkout to read); the git commit of the checkout it runs from
+(``+dirty`` when tracked files differ from it); else the package version.
 
 One canonical string form, parsed back strictly (the form ``crawlfleet approve`` takes)::
 
@@ -15,6 +17,7 @@ One canonical string form, parsed back strictly (the form ``crawlfleet approve``
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shutil
@@ -144,10 +147,24 @@ def tree_dirty(work_tree: Path) -> bool:
     return out.returncode == 0 and bool(out.stdout.strip())
 
 
+def built_revision() -> str | None:
+    """The revision written into the wheel this package was installed from, or None (a
+    checkout, an editable install: no build wrote one)."""
+    try:
+        module = importlib.import_module("core._build_revision")
+    except ImportError:
+        return None
+    got = getattr(module, "REVISION", None)
+    return got if isinstance(got, str) and got else None
+
+
 @cache
 def detected_revision() -> str:
-    """This process's code revision: the checkout's commit (``+dirty`` if tracked files
-    differ), else the package version. Read once, at first use."""
+    """This process's code revision: the built one, else the checkout's commit (``+dirty``
+    if tracked files differ), else the package version. Read once, at first use."""
+    built = built_revision()
+    if built is not None:
+        return built
     package = Path(__file__).resolve().parent.parent
     commit = git_revision(package)
     if commit is None:

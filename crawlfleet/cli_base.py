@@ -94,10 +94,24 @@ AllowHostsOpt = Annotated[str | None, typer.Option(
 _LOGGING_COMMANDS = frozenset({"worker"})
 
 
+def _show_version(asked: bool) -> None:
+    if not asked:
+        return
+    from core import __version__
+    from core.versions import HTTP_LIB_VERSION, TLS_LIB_VERSION, detected_revision
+    console.print(f"crawlfleet {__version__} (code {detected_revision()}; "
+                  f"{HTTP_LIB_VERSION}; {TLS_LIB_VERSION})", markup=False, highlight=False)
+    raise typer.Exit()
+
+
 @app.callback()
 def _main(ctx: typer.Context, verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Show log lines, librdkafka's (logger crawlfleet.kafka) "
-        "included. [default: off]")] = False) -> None:
+        "included. [default: off]")] = False,
+          version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_show_version,
+        help="Show the version and the code revision (the build's commit) and exit.")]
+          = False) -> None:
     """crawlfleet: a polite, fault-tolerant, distributed crawler on Kafka."""
     if ctx.invoked_subcommand in _LOGGING_COMMANDS:
         return

@@ -135,6 +135,8 @@ def test_the_image_copies_every_package_it_installs() -> None:
               (root / "infra" / "deploy" / "Dockerfile").read_text().splitlines()
               if line.startswith("COPY ") and len(line.split()) == 3}
     assert packages <= copied, packages - copied
+    # and the build backend the tree names (buildsupport: it writes the code revision)
+    assert conf["build-system"]["build-backend"].split(".")[0] in copied
 
 
 def test_the_stage_files_are_the_ones_the_registry_writes() -> None:
