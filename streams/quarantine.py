@@ -17,6 +17,12 @@ Guarantees, and why they are enough:
   hold them, and their ids are not counted again; a quarantine issued again is the same
   record (same key, same ``at``/``until`` from the triggering event's time), so compaction
   and the store's ReplacingMergeTree keep one;
+- the approved set (:mod:`streams.approval`), as for every stage: a build whose version
+  tuple is not approved neither consumes fetch events nor publishes quarantines. It waits,
+  joined to no group, until approved; a revocation reaching a running app holds the event
+  in hand unhandled and unacknowledged (its publication not sent), stops the faust app
+  (its group left), and the process starts afresh (:func:`restart_process`), waiting for
+  approval;
 - read_committed: faust's aiokafka consumer reads uncommitted records unless the app runs
   its own transactions (``_create_worker_consumer``); fetch events of an aborted fetch
   transaction never happened (the attempt is redone), so :class:`ReadCommittedTransport`
@@ -29,9 +35,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 import time
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
@@ -42,6 +50,7 @@ from schemas.codec import default_codec
 from schemas.pipeline import QUARANTINE_TABLE
 from schemas.records import FetchEvent, QuarantineCounts, QuarantineEvent
 from schemas.topics import HEADER_SCHEMA, Topology
+from streams.approval import ApprovalGate
 from streams.control import quarantine_key
 from streams.io import Encoder, Output
 from streams.quarantine_rules import Block, Issued, Rules, active, empty, is_empty, observe
@@ -55,6 +64,16 @@ log = logging.getLogger("crawlfleet.quarantine")
 _MAGIC = b"\xc3\x01"
 #: How often the status file (and the active-quarantine gauge) is written.
 STATUS_EVERY_S = 1.0
+
+
+def restart_process(why: str) -> NoReturn:
+    """Replace this process by a fresh run of the same command (same pid, same arguments):
+    faust runs one app per process (a second app built in the same interpreter fails its
+    table recovery), and a revoked app must end while its process stays up, waiting for
+    approval, with no supervisor needed and no crash loop."""
+    log.error("%s", why)
+    logging.shutdown()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])  # noqa: S606
 
 
 def rules_of(s: Settings) -> Rules:
@@ -128,6 +147,10 @@ class QuarantineWorker:
         self._allowed: dict[str, tuple[str, ...]] = {}
         #: Each profile's egress pool: whom a block is blamed on (quarantine_rules).
         self._pools = {n: p.egress for n, p in self.s.profile_table.items()}
+        self.gate = ApprovalGate(settings, self.topology.control, self.codec, self.status,
+                                 f"quarantine {self.worker}")
+        #: Set when a revocation reached the agent: the running app is to stop.
+        self._revoked = False
         self.app, self.table = self._build()
 
     def _build(self) -> tuple[Any, Any]:
@@ -151,8 +174,11 @@ class QuarantineWorker:
         )
         raw: Any = faust.Schema(key_type=bytes, value_type=bytes, key_serializer="raw",
                            value_serializer="raw")
+        # key_type/value_type bytes: faust picks the changelog's serializers from these
+        # alone when it restores the table (else JSON, which fails on our keys and stalls
+        # the recovery of every partition: seen after a clean stop and restart).
         table: Any = app.Table(QUARANTINE_TABLE, default=None, partitions=topo.partitions,
-                               schema=raw)
+                               schema=raw, key_type=bytes, value_type=bytes)
         assert table.changelog_topic_name == topo.quarantine_changelog, \
             table.changelog_topic_name
         source = app.topic(topo.blocks, key_type=bytes, value_type=bytes,
@@ -161,6 +187,11 @@ class QuarantineWorker:
 
         async def count(stream: Any) -> None:
             async for event in stream.events():
+                if self.gate.refused() is not None:
+                    # Revoked: this event stays unhandled and unacknowledged (the next
+                    # approved app reads it again); the main loop stops the app.
+                    self._revoked = True
+                    await asyncio.Event().wait()
                 for out in self.handle(event.message.value, event.message.headers):
                     headers = [(k, v) for k, v in out.headers if isinstance(v, bytes)]
                     await app.producer.send_and_wait(out.topic, out.key, out.value,
@@ -238,10 +269,17 @@ class QuarantineWorker:
 
     def run(self) -> None:
         self.status.write(force=True)
+        revoked = False
         try:
-            asyncio.run(self._main())
+            if self.gate.wait_approved(self.stop):
+                asyncio.run(self._main())
+                revoked = self._revoked and not self.stop.requested
         finally:
+            self.gate.close()
             self.status.remove()
+        if revoked:
+            restart_process(f"quarantine {self.worker}: version tuple {self.gate.mine} "
+                            "revoked: the app stopped; restarting to wait for approval")
 
     async def _main(self) -> None:
         await self.app.start()
@@ -249,6 +287,9 @@ class QuarantineWorker:
             last = 0.0
             while not self.stop.requested and not self.app.should_stop:
                 await asyncio.sleep(0.2)
+                if self._revoked or self.gate.refused() is not None:
+                    self._revoked = True
+                    break
                 now = time.monotonic()
                 if now - last >= STATUS_EVERY_S:
                     last = now

@@ -197,3 +197,50 @@ def test_quarantine_app_counts_committed_distinct_blocks(
     assert out.returncode == 0, out.stderr
     left, _ = _quarantines(s)
     assert set(left) == want - {"quarantine:target:c.test|"}
+
+
+def test_quarantine_app_is_held_by_the_approved_set(
+        settings: Settings, fleet: Callable[[Settings], Workers]) -> None:
+    """An unapproved build neither consumes nor publishes quarantines; approved, it issues
+    them from the events it held; revoked while running, it stops issuing; approved again,
+    a fresh app goes on from the committed offsets (issue 41, point 4)."""
+    from core.versions import VersionTuple, worker_tuple
+    from producers.control import approve, revoke
+    s = settings.replace(profiles=PROFILES, default_profile="alpha", quarantine_blocks=2,
+                         quarantine_window_s=600.0, quarantine_s=1800.0,
+                         code_revision="rev-quarantine")
+    create_all_topics(s)
+    mine = worker_tuple(s)
+    approve(s, [VersionTuple(mine.bundle, mine.http, mine.tls, "another-build")])
+    ws = fleet(s)
+    app = ws.start("quarantine", "quarantine-0")
+    wait_until(lambda: app.gauge("refused") == 1, 30, "the app to report its refusal")
+    assert str(mine) in app.status()["waiting"]
+    tel = Telemetry(s)
+    t0 = int(time.time() * 1000) - 60_000
+    tel.txn([_event("a1", A, "alpha", "direct", t0), _event("a2", A, "alpha", "px1", t0 + 1)])
+    time.sleep(3.0)  # a refused app that consumed would have issued (A, alpha) by now
+    assert app.counter("events") == 0
+    assert _quarantines(s)[0] == {}
+
+    approve(s, [mine])
+    wait_until(lambda: "quarantine:profile:a.test|alpha" in _quarantines(s)[0], 60,
+               "the approved app to issue the held quarantine")
+    assert app.gauge("refused") == 0
+
+    revoke(s, mine)
+    wait_until(lambda: app.gauge("refused") == 1, 30, "the app to see the revocation")
+    seen = app.counter("events")
+    tel.txn([_event("b1", B, "alpha", "direct", t0 + 2),
+             _event("b2", B, "alpha", "px1", t0 + 3)])
+    time.sleep(3.0)
+    assert "quarantine:profile:b.test|alpha" not in _quarantines(s)[0]
+    assert app.counter("events") == seen  # nothing of B was handled
+
+    approve(s, [mine])
+    wait_until(lambda: "quarantine:profile:b.test|alpha" in _quarantines(s)[0], 60,
+               "the re-approved app to issue B's quarantine")
+    assert app.alive()
+    found, counts = _quarantines(s)
+    assert set(found) == {"quarantine:profile:a.test|alpha", "quarantine:profile:b.test|alpha"}
+    assert set(counts.values()) == {1}
