@@ -403,9 +403,12 @@ class StoreStage(SinkStage):
                                              "lineage": LINEAGE_COLUMNS,
                                              "quarantines": QUARANTINE_COLUMNS,
                                              "page_visits": VISIT_COLUMNS}
-        for table, table_rows in rows.items():
+        for i, (table, table_rows) in enumerate(rows.items()):
             self.store.insert(table, columns[table], table_rows, f"{table}|{token}")
             self.status.add(f"stored_{table}", len(table_rows))
+            if i == 0 and faults.fails("store_unavailable"):
+                raise StoreUnavailableError("fault injection: the server took the batch's "
+                                            "first table, then no more")
         faults.point("after_insert")
         self._store_answers()
         return {tp: b + 1 for tp, (_, b) in ranges.items()}
