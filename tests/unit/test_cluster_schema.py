@@ -33,6 +33,7 @@ from infra.cluster_schema import (
 
 CLUSTER = "crawl"
 DB = "crawl_db"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -202,3 +203,11 @@ def test_the_schema_command_prints_what_apply_runs(monkeypatch: pytest.MonkeyPat
     assert dsn.startswith(f"CREATE DATABASE IF NOT EXISTS crawl ON CLUSTER {CLUSTER};")
     refused = CliRunner().invoke(app, ["schema", "--apply"])
     assert refused.exit_code == 2 and "--cluster" in refused.output
+
+
+def test_the_runbook_and_readme_give_the_windows_the_code_sets() -> None:
+    win = dedup_window(load_settings())
+    for doc in (REPO / "infra" / "RUNBOOK.md", REPO / "README.md"):
+        text = doc.read_text()
+        assert f"{win.seconds:,} s" in text and f"{win.blocks:,} blocks" in text, doc
+        assert "crawlfleet schema --cluster" in text and "insert_quorum = 'auto'" in text
