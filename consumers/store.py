@@ -20,6 +20,14 @@ predecessor, a ClickHouse server not up -- is waited for with back-off, never a 
 exit: the worker claims the path for its whole life first (so readers go through it from
 then on), says who holds the store (log, the ``store_waiting`` gauge, its status's
 ``waiting`` text) and starts as soon as it can.
+
+On a ClickHouse cluster the worker never runs DDL: it checks that the schema (applied once by
+``crawlfleet schema --cluster NAME --apply``) is all there, and waits while it is not. A
+server that goes away later -- unreachable, slow past ``clickhouse_timeout_s``, a replica
+down so an insert's quorum cannot be met (:mod:`infra.clickhouse_errors`) -- ends the
+consumer session with the batch's offsets uncommitted: the worker says ``store_waiting``
+with the reason, probes the server with back-off, and rejoins to write the batch again from
+the committed offsets (its token, or the ReplacingMergeTree, drops what had landed).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from confluent_kafka import Message
+from confluent_kafka import Consumer, Message
 
 from consumers.fetch.conditional import ETAG, LAST_MODIFIED, NOT_MODIFIED
 from consumers.sampler import QueueSampler
@@ -48,6 +56,8 @@ from infra.clickhouse import (
     StoreHeldError,
     StoreOwnership,
 )
+from infra.clickhouse_errors import SchemaMissingError, StoreUnavailableError
+from infra.cluster_durability import STORE_QUIET_S
 from infra.store_query import QueryServer
 from schemas.codec import default_codec
 from schemas.lineage import ENQUEUED
@@ -71,6 +81,7 @@ from streams.sink_stage import SinkStage
 from streams.worker import (
     WAIT_FIRST_S,
     WAIT_LOG_EVERY_S,
+    WAIT_MAX_S,
     StopFlag,
 )
 
@@ -79,6 +90,8 @@ log = logging.getLogger("crawlfleet.store")
 
 def _hint(exc: Exception) -> str:
     """What an operator can do about a held store."""
+    if isinstance(exc, SchemaMissingError):
+        return " (the store worker never makes a cluster's schema; it starts once it is there)"
     if not isinstance(exc, StoreHeldError) or exc.holder is None:
         return ""
     if exc.holder.role == "reader":
@@ -230,8 +243,9 @@ STORE_POLL_MAX_S = 0.5
 # No new record for this long: write the batch now. Under load records arrive in bursts, one
 # per upstream transaction every ~0.1-0.3 s; a shorter gap would insert each burst on its own,
 # and every chDB insert costs ~12 ms plus the merges of its part (measured: 50 ms -> 150 ms cut
-# the store's CPU by ~10% on the benchmark crawl, with the same tail).
-_QUIET_S = 0.15
+# the store's CPU by ~10% on the benchmark crawl, with the same tail). It also bounds how often
+# a store worker inserts, which sizes a cluster's deduplication window: hence its home there.
+_QUIET_S = STORE_QUIET_S
 
 
 class StoreStage(SinkStage):
@@ -244,6 +258,7 @@ class StoreStage(SinkStage):
         self.store: Store  # opened by serve(), once it is available
         self._ownership = StoreOwnership(settings) if not settings.clickhouse_dsn.get() \
             else None
+        self._after_failure = False  # waiting was said after a failed write, not cleared yet
 
     def run(self) -> None:
         try:
@@ -280,16 +295,48 @@ class StoreStage(SinkStage):
                              time.monotonic() - began)
                 self.status.waiting_for("", "store_waiting")
                 return store
-            except (StoreHeldError, InfraError) as exc:
+            except (StoreHeldError, InfraError, StoreUnavailableError) as exc:
                 now = time.monotonic()
                 if said_at is None or now - said_at >= WAIT_LOG_EVERY_S:
                     said_at = now
                     log.warning("store %s: waiting for the store (%.0f s so far): %s%s",
                                 self.worker, now - began, exc, _hint(exc))
                 self.status.waiting_for(f"store: {exc}", "store_waiting", now - began)
+                self.status.add("store_retries")
+                # A held embedded path is tested again at once (a lock test costs nothing);
+                # a server is not hammered while it is down or slow.
+                most = WAIT_MAX_S if isinstance(exc, StoreUnavailableError) else STORE_POLL_MAX_S
             self.stop.wait(delay)
-            delay = min(STORE_POLL_MAX_S, delay * 2)
+            delay = min(most, delay * 2)
         return None
+
+    def _wait_for_server(self, exc: StoreUnavailableError) -> None:
+        """After a write the server could not take: say so and probe it with back-off
+        until it answers and the schema is there (or the worker is stopped). The session
+        ended with the batch's offsets uncommitted; the next one writes it again."""
+        began = time.monotonic()
+        said_at: float | None = None
+        delay = WAIT_FIRST_S
+        while not self.stop.requested:
+            now = time.monotonic()
+            if said_at is None or now - said_at >= WAIT_LOG_EVERY_S:
+                said_at = now
+                log.warning("store %s: waiting for ClickHouse (%.0f s so far), the batch's "
+                            "offsets uncommitted: %s%s", self.worker, now - began, exc,
+                            _hint(exc))
+            self.status.waiting_for(f"store: {exc}", "store_waiting", now - began)
+            self.status.add("store_retries")
+            self.stop.wait(delay)
+            delay = min(WAIT_MAX_S, delay * 2)
+            try:
+                if self.store.cluster:
+                    self.store.check_schema()
+                else:
+                    self.store.scalar("SELECT 1")
+                self._after_failure = True  # said waiting until a write (or idle) proves it
+                return
+            except StoreUnavailableError as again:
+                exc = again
 
     def serve(self) -> None:
         """The store for the worker's life; consumer sessions come and go inside it (a
@@ -306,7 +353,13 @@ class StoreStage(SinkStage):
         sampler = QueueSampler(self.s, self.store, self.worker, self.status)
         sampler.start()
         try:
-            self.rejoining()
+            while not self.stop.requested:
+                try:
+                    self.rejoining()
+                except StoreUnavailableError as exc:
+                    self._wait_for_server(exc)
+                    continue
+                break
         finally:
             sampler.stop()
             if server:
@@ -350,11 +403,28 @@ class StoreStage(SinkStage):
                                              "lineage": LINEAGE_COLUMNS,
                                              "quarantines": QUARANTINE_COLUMNS,
                                              "page_visits": VISIT_COLUMNS}
-        for table, table_rows in rows.items():
+        for i, (table, table_rows) in enumerate(rows.items()):
             self.store.insert(table, columns[table], table_rows, f"{table}|{token}")
             self.status.add(f"stored_{table}", len(table_rows))
+            if i == 0 and faults.fails("store_unavailable"):
+                raise StoreUnavailableError("fault injection: the server took the batch's "
+                                            "first table, then no more")
         faults.point("after_insert")
+        self._store_answers()
         return {tp: b + 1 for tp, (_, b) in ranges.items()}
+
+    def _collect(self, consumer: Consumer) -> list[Message]:
+        batch = super()._collect(consumer)
+        if not batch:
+            self._store_answers()  # nothing left to write again: the probe's word stands
+        return batch
+
+    def _store_answers(self) -> None:
+        """The store took a write (or has none to take) since the last failure: no longer
+        waiting."""
+        if self._after_failure:
+            self._after_failure = False
+            self.status.waiting_for("", "store_waiting")
 
     def _route(self, msg: Message, event_id: str, rows: dict[str, list[Sequence[Any]]]) -> None:
         topic = tp_of(msg)[0]

@@ -91,10 +91,10 @@ class Settings:
     bootstrap_servers: str = ""
     #: ClickHouse DSN (``http://user:pw@host:8123/db``); empty means embedded chDB under data_dir.
     clickhouse_dsn: Secret = field(default_factory=lambda: Secret(""))
-    #: ClickHouse cluster of the server (``--clickhouse`` DSN): with a name, the store makes
-    #: the cluster schema (``ON CLUSTER``, replicated tables, Distributed tables for reads and
-    #: inserts; ``crawlfleet schema --cluster NAME`` prints it); empty: one server.
+    #: ClickHouse cluster of the DSN (its schema: ``crawlfleet schema --cluster NAME --apply``).
     clickhouse_cluster: str = ""
+    #: Longest one ClickHouse server request (and quorum wait) before ``store_waiting``.
+    clickhouse_timeout_s: float = 30.0
     #: Root of local state: Kafka jars/data, chDB store, worker status files.
     data_dir: Path = Path(".crawlfleet")
     #: Extra librdkafka settings for every client, e.g. ``security.protocol``.
@@ -355,6 +355,9 @@ def _problems(s: Settings) -> list[str]:
         out.append(f"target_mode must be 'host' or 'domain', not {s.target_mode!r}")
     if not re.fullmatch(r"[A-Za-z0-9_]*", s.clickhouse_cluster):
         out.append("clickhouse_cluster may only contain letters, digits and '_'")
+    lease_share = 6000 * s.clickhouse_timeout_s / s.max_poll_interval_ms  # 6 inserts a lease
+    if s.clickhouse_timeout_s <= 0 or (s.clickhouse_dsn.get() and lease_share >= 1):
+        out.append("clickhouse_timeout_s must be > 0 and, with a server, < max_poll_interval / 6")
     if s.clickhouse_cluster and not s.clickhouse_dsn.get():
         out.append("clickhouse_cluster needs a ClickHouse server (clickhouse_dsn): the "
                    "embedded store is one process")

@@ -1,5 +1,5 @@
 """Operator commands: pause, resume and live caps, chaos and soak, SQL and ``top``, dead
-letters and lineage, the capacity plan, the schema, ``doctor``."""
+letters and lineage, the capacity plan, ``doctor``."""
 
 from __future__ import annotations
 
@@ -546,23 +546,6 @@ def plan_cmd(pages_per_day: Annotated[float, typer.Option(
     console.print(t)
 
 
-# --- schema --------------------------------------------------------------------------------
-
-
-@command("schema")
-def schema_cmd(cluster: Annotated[str | None, typer.Option(
-                   help=setting_help("Print the schema of this ClickHouse cluster (ON CLUSTER, "
-                                     "Replicated*MergeTree, Distributed tables).",
-                                     "clickhouse_cluster", "none: one server's schema"))
-               ] = None) -> None:
-    """Print the store's DDL: what the store worker runs on start (from infra/sql)."""
-    from infra.cluster_schema import render, render_embedded
-    try:
-        sys.stdout.write(render(cluster) if cluster else render_embedded())
-    except CrawlfleetError as exc:
-        _fail(exc)
-
-
 # --- doctor --------------------------------------------------------------------------------
 
 
@@ -595,5 +578,6 @@ def doctor_cmd(config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
         raise typer.Exit(1)
 
 
-# approve, approved, revoke: the approved set of version tuples (registered on import).
-from crawlfleet import cli_approval  # noqa: E402,F401
+# Registered on import: approve, approved, revoke (the approved set of version tuples);
+# schema (the store's DDL printed, or a cluster's applied once).
+from crawlfleet import cli_approval, cli_schema  # noqa: E402,F401

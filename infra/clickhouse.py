@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import clickhouse_connect
 from clickhouse_connect.driver import options as _driver_options
@@ -39,7 +40,9 @@ from clickhouse_connect.driver.insert import InsertContext
 from core.config import Settings
 from core.errors import InfraError, RetryableError
 from core.timefmt import iso_utc
-from infra.cluster_schema import cluster_statements
+from infra.clickhouse_errors import SchemaMissingError, classify
+from infra.cluster_durability import insert_quorum_settings
+from infra.cluster_schema import database_of, expected_objects, missing
 
 # clickhouse-connect imports pandas on the first insert only to ask whether the rows are a
 # DataFrame; ours are lists of tuples, and nothing here reads DataFrames. Said absent, it
@@ -254,7 +257,11 @@ class Store:
         self._contexts: dict[tuple[str, tuple[str, ...]], InsertContext] = {}
         self.embedded = not settings.clickhouse_dsn.get()
         self.cluster = settings.clickhouse_cluster if not self.embedded else ""
+        self.database = database_of(settings.clickhouse_dsn.get()) if self.cluster else ""
         self.path = settings.clickhouse_path
+        #: Settings of every insert besides its token: on a cluster, the quorum.
+        self._insert_settings = insert_quorum_settings(settings) if self.cluster else {}
+        self._where = "the embedded store" if self.embedded else _server_of(settings)
         self._open_lock: PathLock | None = None
         if self.embedded:
             self._open_lock = self._take(settings, owner)
@@ -264,13 +271,19 @@ class Store:
                                                              path=str(self.path))
             else:
                 # On a cluster, inserts go through Distributed tables synchronously, so each
-                # batch's deduplication token reaches the shard's replicated table.
+                # batch's deduplication token (and its quorum) reaches the shard's replicated
+                # table. Every request is bounded: a server that accepts and never answers
+                # is "unavailable" after clickhouse_timeout_s, never a hung worker.
                 extra = {"insert_distributed_sync": 1} if self.cluster else None
                 self._client = clickhouse_connect.get_client(
-                    dsn=settings.clickhouse_dsn.get(), settings=extra)
+                    dsn=settings.clickhouse_dsn.get(), settings=extra,
+                    connect_timeout=settings.clickhouse_timeout_s,
+                    send_receive_timeout=settings.clickhouse_timeout_s)
         except Exception as exc:  # chDB/driver raise many types; surface one clear error
             if self._open_lock is not None:
                 self._open_lock.release()
+            if not self.embedded and (known := classify(exc, self._where)) is not None:
+                raise known from exc
             where = self.path if self.embedded else "the configured DSN"
             raise InfraError(f"cannot open ClickHouse at {where}: {exc}") from exc
 
@@ -291,15 +304,37 @@ class Store:
         return lock
 
     def ensure_schema(self) -> None:
-        """The tables and views, made or brought up to date (idempotent); on a cluster, its
-        schema (:mod:`infra.cluster_schema`, from the same source)."""
+        """The tables and views, made or brought up to date (idempotent). On a cluster, only
+        checked (:meth:`check_schema`): its schema is applied once, by ``crawlfleet schema
+        --cluster NAME --apply``, never by every store start (each ON CLUSTER statement
+        waits for every host, and a host down would stop every start)."""
         if self.cluster:
-            for stmt in cluster_statements(self.cluster):
-                self.command(stmt)
+            self.check_schema()
             return
         for name in ("schema.sql", "dashboards.sql"):
             for stmt in _statements((SQL_DIR / name).read_text()):
                 self.command(stmt)
+
+    def check_schema(self) -> None:
+        """Raise :class:`SchemaMissingError` naming what of the cluster schema is not in the
+        DSN's database on the server: two cheap reads of ``system.tables`` and
+        ``system.columns``. Also the store's probe of a server it waits for."""
+        expected = expected_objects()
+        db = self.database  # a checked identifier (database_of)
+        _, rows = self.query(f"SELECT name FROM system.tables WHERE database = '{db}'")  # noqa: S608
+        found: dict[str, set[str]] = {str(r[0]): set() for r in rows}
+        _, rows = self.query("SELECT table, name FROM system.columns "  # noqa: S608
+                             f"WHERE database = '{db}'")
+        for table, column in rows:
+            found.setdefault(str(table), set()).add(str(column))
+        gone = missing(expected, {k: v for k, v in found.items() if k in expected})
+        if gone:
+            shown = ", ".join(gone[:6]) + (f" and {len(gone) - 6} more" if len(gone) > 6
+                                           else "")
+            raise SchemaMissingError(
+                f"the cluster schema is not (all) in database {db} at {self._where}: "
+                f"missing {shown}; apply it once with `crawlfleet schema --cluster "
+                f"{self.cluster} --apply`")
 
     def warm_up(self) -> None:
         """Pay chDB's one-time set-up of its first insert (~0.2 CPU-s) now, not on the
@@ -315,9 +350,19 @@ class Store:
             self._client.insert("_crawlfleet_warm_up", [(1,)], column_names=["n"])
             self._client.command("DROP TABLE _crawlfleet_warm_up SYNC")
 
+    def _failed(self, exc: Exception) -> None:
+        """Raise what a server's failure means to the store (see :mod:`infra.clickhouse_errors`);
+        return for one to surface as it is (the embedded engine's, or a bug's)."""
+        if not self.embedded and (known := classify(exc, self._where)) is not None:
+            raise known from exc
+
     def command(self, sql: str) -> None:
         with self._lock:
-            self._client.command(sql)
+            try:
+                self._client.command(sql)
+            except Exception as exc:
+                self._failed(exc)
+                raise
 
     def insert(self, table: str, columns: Sequence[str], rows: list[Sequence[Any]],
                token: str) -> None:
@@ -333,16 +378,21 @@ class Store:
                 ctx = self._contexts[key] = self._client.create_insert_context(
                     table, column_names=list(columns))
             ctx.data = rows
-            ctx.settings = {"insert_deduplication_token": token}
+            ctx.settings = {**self._insert_settings, "insert_deduplication_token": token}
             try:
                 self._client.insert(context=ctx)
-            except Exception:
+            except Exception as exc:
                 del self._contexts[key]  # its state is unknown now: build a fresh one
+                self._failed(exc)
                 raise
 
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         with self._lock:
-            result = self._client.query(sql)
+            try:
+                result = self._client.query(sql)
+            except Exception as exc:
+                self._failed(exc)
+                raise
         return list(result.column_names), [tuple(r) for r in result.result_rows]
 
     def read_only_query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
@@ -364,6 +414,13 @@ class Store:
             finally:
                 if self._open_lock is not None:
                     self._open_lock.release()  # after chDB let go of the path
+
+
+def _server_of(settings: Settings) -> str:
+    """host:port of the DSN, for messages (never its credentials)."""
+    parsed = urlparse(settings.clickhouse_dsn.get())
+    host = parsed.hostname or "?"
+    return f"{host}:{parsed.port}" if parsed.port else host
 
 
 def _who(holder: Holder | None, unknown: str) -> str:

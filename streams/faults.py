@@ -16,6 +16,12 @@ And one where it lives on, and the commit fails as a slow or failing broker make
   its finished work over before the partitions move, fails (as a generation that moved on
   makes it fail, ILLEGAL_GENERATION), whether or not it had work to hand over.
 
+And one where the store stage lives on and its write fails as a ClickHouse server that lost
+a replica (or its quorum) makes it fail:
+
+- ``store_unavailable``: the batch's first table is inserted, the rest raise
+  ``StoreUnavailableError``; the offsets stay uncommitted and the worker waits and rejoins.
+
 And ones where it lives on and a commit stalls, as a transactional call does that librdkafka
 does not return from while its coordinator moved (librdkafka#5456, after brokers restart):
 

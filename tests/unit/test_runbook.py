@@ -28,6 +28,7 @@ COVERED = {
     "approved": ("tests/integration/test_approved_versions.py", '_cli(s, "approved")'),
     "revoke": ("tests/integration/test_approved_versions.py", '_cli(s, "revoke"'),
     "unquarantine": ("tests/integration/test_quarantine_app.py", '"unquarantine", C]'),
+    "schema": ("tests/unit/test_cluster_schema.py", '["schema", "--cluster"'),
 }
 
 
