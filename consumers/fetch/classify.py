@@ -129,8 +129,8 @@ def classify_exception(exc: BaseException, url: str = "") -> CrawlfleetError:
 
     aiohttp re-wraps parser errors (``ClientResponseError`` ← ``HttpProcessingError`` ←
     the parser's own ``LineTooLong``, ``BadStatusLine`` ...), so the cause chain is read
-    for the most specific type. Only ``truncated_body``, ``timeout`` and ``connect`` are
-    worth a retry; anything not foreseen is ``internal``, never a crash.
+    for the most specific type. Only ``truncated_body``, ``timeout``, ``connect`` and
+    ``proxy`` are worth a retry; anything not foreseen is ``internal``, never a crash.
     """
     where = f" fetching {url}" if url else ""
     chain = list(_chain(exc))
