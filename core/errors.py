@@ -174,6 +174,14 @@ class ConnectError(RetryableError):
     reason = "connect"
 
 
+class ProxyError(RetryableError):
+    """The forward proxy refused to carry the request (it answered the CONNECT with an
+    error, 407 included): the egress's fault, not the target's; another try may take
+    another egress."""
+
+    reason = "proxy"
+
+
 class ServerError(RetryableError):
     """The server answered 5xx (or 429): try later, more gently."""
 

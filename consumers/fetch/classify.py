@@ -25,6 +25,7 @@ from core.errors import (
     InternalError,
     InvalidURLError,
     ProtocolError,
+    ProxyError,
     TLSError,
     TruncatedBodyError,
 )
@@ -33,6 +34,8 @@ from core.errors import (
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524})
 #: Statuses that block us unless configured otherwise (``block_statuses``).
 DEFAULT_BLOCK_STATUSES = frozenset({403})
+#: 407 Proxy Authentication Required: a forward proxy's answer (see ``classify_status``).
+PROXY_AUTH_STATUS = 407
 BASE_BACKOFF_S = 2.0
 MAX_BACKOFF_S = 600.0
 
@@ -79,6 +82,11 @@ def classify_status(status: int, retry_after: str | None, attempt: int,
         return Outcome(Verdict.DEAD, "protocol_error", signal=Signal.ERROR)  # "HTTP/1.1 042"
     if 200 <= status <= 299:
         return Outcome(Verdict.STORE, "ok")
+    if status == PROXY_AUTH_STATUS:
+        # The proxy's answer, not the site's: never stored as the page, and no signal
+        # about the target (the egress's health counts it); retried, on another egress
+        # when the pool has one.
+        return Outcome(Verdict.RETRY, f"http_{status}", backoff(attempt), Signal.NEUTRAL)
     if status in block_statuses:
         return Outcome(Verdict.STORE, f"http_{status}", signal=Signal.BLOCKED)
     if status in RETRY_STATUSES or 500 <= status <= 599:
@@ -121,8 +129,8 @@ def classify_exception(exc: BaseException, url: str = "") -> CrawlfleetError:
 
     aiohttp re-wraps parser errors (``ClientResponseError`` ← ``HttpProcessingError`` ←
     the parser's own ``LineTooLong``, ``BadStatusLine`` ...), so the cause chain is read
-    for the most specific type. Only ``truncated_body``, ``timeout`` and ``connect`` are
-    worth a retry; anything not foreseen is ``internal``, never a crash.
+    for the most specific type. Only ``truncated_body``, ``timeout``, ``connect`` and
+    ``proxy`` are worth a retry; anything not foreseen is ``internal``, never a crash.
     """
     where = f" fetching {url}" if url else ""
     chain = list(_chain(exc))
@@ -134,6 +142,8 @@ def classify_exception(exc: BaseException, url: str = "") -> CrawlfleetError:
                       | aiohttp.ServerFingerprintMismatch) for e in chain):
         return TLSError(detail)
     # Most specific first, over the whole chain (aiohttp's copy is a plain HttpProcessingError).
+    if any(isinstance(e, aiohttp.ClientHttpProxyError) for e in chain):
+        return ProxyError(detail)  # the proxy refused the tunnel (407, 502 ...)
     if any(isinstance(e, hx.LineTooLong) for e in chain):
         return HeadersTooLargeError(detail)
     if any(isinstance(e, hx.ContentLengthError | hx.TransferEncodingError) for e in chain):

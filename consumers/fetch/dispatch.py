@@ -216,7 +216,8 @@ class Dispatcher:
             return
         self.observe(target, result)
         if answered >= 0 and pj.profile:
-            targets.observe_identity(target, pj, result.signal, time.monotonic())
+            targets.observe_identity(target, pj, result.signal, time.monotonic(),
+                                     result.reason)
         if answered >= 0:
             self.status.metrics.request(result.outcome, answered, time.monotonic() - started)
         if result.outputs and result.outputs[0].topic == self.topo.fetched:

@@ -18,7 +18,9 @@ proxy, the address policy still holds: the host is resolved and checked here
 (:meth:`Fetcher._checked_address`), and the proxy is asked for the checked address itself
 (absolute-form for http, CONNECT for https), the name kept as Host header and TLS server
 name, so a proxy never resolves a name on our behalf (a rebinding answer, a name that
-points inside). Proxy credentials travel in the proxy URL only and never reach a message.
+points inside). The proxy's own name is trusted for the connection to the proxy only: it is
+resolved apart (:class:`ProxyAddresses`), so a crawl URL on that name is checked like any
+other. Proxy credentials travel in the proxy URL only and never reach a message.
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
+from aiohttp.resolver import DefaultResolver
 from yarl import URL
 
 from consumers.fetch.classify import classify_exception
 from consumers.fetch.conditional import request_headers, response_validators
+from consumers.fetch.proxy_address import ProxyAddresses
 from consumers.fetch.resolver import GuardedResolver
 from core.config import Settings
 from core.errors import (
@@ -96,14 +100,6 @@ def address_policy(settings: Settings) -> AddressPolicy:
     return AddressPolicy.of(settings.allow_private, settings.allow_hosts)
 
 
-def proxy_hosts(settings: Settings) -> frozenset[str]:
-    """Host names of the configured proxies: the operator's own way out, connected to
-    without the address check a crawl destination gets (a proxy often sits on a private
-    network)."""
-    return frozenset(urlsplit(e.proxy).hostname or "" for e in settings.egress_table.values()
-                     if e.proxy) - {""}
-
-
 def tls_context(settings: Settings) -> ssl.SSLContext | bool:
     """Certificates are always verified: against the system's trust store, plus the CAs of
     ``tls_ca_file`` when set."""
@@ -130,7 +126,11 @@ class Fetcher:
         self.policy = address_policy(settings)
         #: IP-literal hosts the policy has allowed (a pure function of the host): asked once.
         self._allowed_literals: set[str] = set()
-        self.resolver = GuardedResolver(self.policy, resolver, trusted=proxy_hosts(settings))
+        inner = resolver if resolver is not None else DefaultResolver()
+        #: Every name a crawl URL names is checked; a proxy's name, resolved for the
+        #: connection to the proxy only, is not (``consumers.fetch.proxy_address``).
+        self.resolver = GuardedResolver(self.policy, inner)
+        self.proxies = ProxyAddresses(inner)
 
     async def __aenter__(self) -> Fetcher:
         connector = aiohttp.TCPConnector(limit=self._s.max_inflight, ttl_dns_cache=300,
@@ -290,9 +290,10 @@ class _ProxiedGet:
     async def __aenter__(self) -> aiohttp.ClientResponse:
         assert self.fetcher._session is not None
         address_url, extra = await self.fetcher.checked_address(self.url)
+        proxy = await self.fetcher.proxies.url(self.proxy)
         headers = {**self.headers, **extra.pop("headers", {})}
         self._cm = self.fetcher._session.get(address_url, allow_redirects=False,
-                                             headers=headers, proxy=self.proxy, **extra)
+                                             headers=headers, proxy=proxy, **extra)
         resp: aiohttp.ClientResponse = await self._cm.__aenter__()
         return resp
 

@@ -17,9 +17,10 @@ Politeness rules, never evasion:
   does too; so do losing the target's partition and the session ending (the state lives
   in the session, never in a record or topic);
 - an egress is chosen per attempt from the profile's pool, skipping egresses quarantined
-  for this target and, when the pool has another, egresses cooling off after
-  ``egress_failures`` errors, timeouts or blocks within ``egress_window_s``; a retry after
-  a block, timeout or refused connection avoids the egress the last attempt used.
+  for this target and, when the pool has another, egresses cooling off for faults of their
+  own seen on several targets (:mod:`consumers.fetch.egress_health`: never for blocks, which
+  are one target's verdict and the quarantine's to count); a retry after a block, timeout,
+  refused connection or proxy error avoids the egress the last attempt used.
 
 The state is per target and forgotten with the rest of the target's state
 (:meth:`consumers.fetch.target_policy.TargetPolicy.forget_idle`), so ``max_target_state`` bounds
@@ -28,19 +29,19 @@ it; each target holds at most one pair per configured profile.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import aiohttp
 
 from consumers.fetch.classify import Signal
+from consumers.fetch.egress_health import EgressHealth, egress_fault
 from core.config import Settings
 from core.profiles import Egress, Profile
 from streams.control import Quarantine
 
 #: Failure classes after which a retry takes another egress when the pool has one.
-SWITCH_REASONS = frozenset({"timeout", "connect", "http_429"})
+SWITCH_REASONS = frozenset({"timeout", "connect", "proxy", "http_407", "http_429"})
 #: A waiting job is looked at again this often (and at once when the control state
 #: changes), so a quarantine that ends on its own releases it.
 WAIT_RECHECK_S = 2.0
@@ -75,39 +76,6 @@ class TargetIdentities:
     def used(self, profile: str) -> bool:
         pair = self.pairs.get(profile)
         return pair is not None and pair.used
-
-
-class EgressHealth:
-    """Failures per egress over a sliding window; ``failures`` of them within ``window_s``
-    cool the egress off for ``cooloff_s`` (its count starts again after)."""
-
-    def __init__(self, failures: int, window_s: float, cooloff_s: float) -> None:
-        self.failures, self.window_s, self.cooloff_s = failures, window_s, cooloff_s
-        self._seen: dict[str, deque[float]] = {}
-        self._cool_until: dict[str, float] = {}
-
-    def record(self, egress: str, now: float) -> bool:
-        """One error, timeout or block through ``egress``; True if it now cools off."""
-        seen = self._seen.setdefault(egress, deque())
-        seen.append(now)
-        while seen and seen[0] <= now - self.window_s:
-            seen.popleft()
-        if len(seen) >= self.failures:
-            seen.clear()
-            self._cool_until[egress] = now + self.cooloff_s
-            return True
-        return False
-
-    def cool_until(self, egress: str, now: float) -> float:
-        """When ``egress``'s cool-off ends (0: none at ``now``)."""
-        until = self._cool_until.get(egress, 0.0)
-        if until and until <= now:
-            del self._cool_until[egress]
-            return 0.0
-        return until
-
-    def cooling(self, now: float) -> list[str]:
-        return [e for e in list(self._cool_until) if self.cool_until(e, now)]
 
 
 class Identities:
@@ -214,14 +182,16 @@ class Identities:
     # --- signals and quarantines ----------------------------------------------------------
 
     def observe(self, target: str, profile: str, egress: str, signal: Signal,
-                now: float) -> None:
+                now: float, reason: str = "") -> None:
         """What one finished request said: a block (block status, 429) drops the pair's
-        jar and contains the target; errors, timeouts and blocks count against the egress."""
+        jar and contains the target; a fault of the egress's own (``reason``: a failed
+        connection, a timeout, a proxy error) counts against the egress. A block never
+        does: it is this target's verdict on this identity (the quarantine counts it)."""
         if signal is Signal.BLOCKED or signal is Signal.THROTTLED:
             self._drop_jar(target, profile)
             self._target(target).contained = True
-        if signal in (Signal.ERROR, Signal.BLOCKED, Signal.THROTTLED):
-            self.health.record(egress, now)
+        if egress_fault(reason):
+            self.health.record(egress, target, now)
 
     def apply_quarantines(self, quarantines: Iterable[Quarantine], now_ms: int) -> None:
         """The control topic's quarantines in force: a profile one retires its pair (jar

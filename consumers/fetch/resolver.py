@@ -6,8 +6,10 @@ aiohttp's connector only ever sees the addresses this resolver returns, for ever
 every fresh resolution. IP literals skip resolvers in aiohttp; :class:`Fetcher` checks
 those itself with the same policy. A proxied request never reaches the connector's
 resolution for its target: :class:`Fetcher` resolves the target through this resolver
-itself and hands the proxy the checked address. The configured proxies' own names
-(``trusted``) are the operator's, resolved without the check.
+itself and hands the proxy the checked address. No name is trusted here: a configured
+proxy's own name is resolved for the connection to the proxy alone, apart
+(:mod:`consumers.fetch.proxy_address`), so a crawl URL naming the proxy's host is refused
+like any other private address.
 """
 
 from __future__ import annotations
@@ -24,18 +26,14 @@ from core.urls import AddressPolicy, refusal_message
 class GuardedResolver(AbstractResolver):
     """Wraps a resolver; drops addresses the policy refuses, fails if none is left."""
 
-    def __init__(self, policy: AddressPolicy, inner: AbstractResolver | None = None,
-                 trusted: frozenset[str] = frozenset()) -> None:
+    def __init__(self, policy: AddressPolicy, inner: AbstractResolver | None = None) -> None:
         self.policy = policy
         self._inner = inner if inner is not None else DefaultResolver()
-        self.trusted = trusted
         self.refused = 0  # addresses dropped so far (a counter for status and tests)
 
     async def resolve(self, host: str, port: int = 0,
                       family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
         answers = await self._inner.resolve(host, port, family)
-        if host in self.trusted:
-            return answers
         allowed = [a for a in answers if self.policy.allows(host, str(a["host"]))]
         self.refused += len(answers) - len(allowed)
         if not allowed:

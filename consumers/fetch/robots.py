@@ -11,6 +11,7 @@ requests.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from protego import Protego
@@ -39,6 +40,14 @@ class RobotsRules:
     def interval_for(self, agent: str) -> float:
         """Crawl-delay / Request-rate for ``agent`` as a minimum interval (0: none)."""
         return _min_interval(self.parser, agent) if self.parser is not None else 0.0
+
+
+def target_interval(rules: RobotsRules, tokens: Iterable[str]) -> float:
+    """A target's robots.txt floor: the strictest Crawl-delay / Request-rate the file sets
+    for ``tokens`` (those of the profiles allowed on it: the target has one pace, so the
+    most patient group any of them must obey holds for all); the file's answer for the
+    worker's own agent when no profile is allowed there."""
+    return max((rules.interval_for(t) for t in tokens), default=rules.min_interval_s)
 
 
 def rules_from_response(status: int | None, body: bytes, agent: str) -> RobotsRules:

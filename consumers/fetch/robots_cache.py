@@ -22,6 +22,7 @@ from consumers.fetch.robots import (
     RobotsRules,
     refused_rules,
     rules_from_response,
+    target_interval,
 )
 from core.errors import (
     CrawlfleetError,
@@ -120,8 +121,7 @@ class RobotsCache:
             ttl = UNREACHABLE_RETRY_S if rules.unreachable else self.ttl_s
             self._expiry[origin] = time.monotonic() + ttl
             self.peak = max(self.peak, len(self._rules))
-            self.on_rules(target, max((rules.interval_for(t) for t in self.tokens_for(target)),
-                                      default=rules.min_interval_s))
+            self.on_rules(target, target_interval(rules, self.tokens_for(target)))
             fut.set_result(rules)
         finally:
             del self._pending[origin]

@@ -294,9 +294,11 @@ class Targets:
         """A request's signal: the target's adaptive limits hear it; what it asks back."""
         return self.policy.observe(target, signal, retry_after_s, now)
 
-    def observe_identity(self, target: str, pj: Pending, signal: Signal, now: float) -> None:
-        """The signal of a request sent as ``pj``'s identity: its pair's and egress's health."""
-        self.ids.observe(target, pj.profile, pj.egress, signal, now)
+    def observe_identity(self, target: str, pj: Pending, signal: Signal, now: float,
+                         reason: str = "") -> None:
+        """The signal (and failure class) of a request sent as ``pj``'s identity: its
+        pair's session and its egress's health."""
+        self.ids.observe(target, pj.profile, pj.egress, signal, now, reason)
 
     def defer(self, target: str, wait: float, now: float) -> bool:
         """No request to ``target`` for ``wait`` s; True: the rest is long, its queue

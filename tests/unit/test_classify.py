@@ -165,3 +165,9 @@ def test_hostile_retry_after_does_not_crash_classification() -> None:
     out = classify_status(503, "²", 1, now=NOW)
     assert out.verdict is Verdict.RETRY
     assert out.delay_s == backoff(1)
+
+
+def test_a_407_is_the_proxys_answer_retried_and_never_a_signal_about_the_site() -> None:
+    out = classify_status(407, None, 0)
+    assert out.verdict is Verdict.RETRY and out.reason == "http_407"
+    assert out.signal is Signal.NEUTRAL  # the target is not slowed for its proxy's refusal

@@ -65,6 +65,11 @@ CASES: list[tuple[str, BaseException, str]] = [
     ("fingerprint", aiohttp.ServerFingerprintMismatch(b"a", b"b", "h", 443), "tls"),
     ("bad URL", aiohttp.InvalidURL("http://[::1"), "invalid_url"),
     ("a bug", KeyError("oops"), "internal"),
+    ("proxy refused the tunnel", aiohttp.ClientHttpProxyError(_INFO, (), status=407),
+     "proxy"),
+    ("proxy unreachable", aiohttp.ClientProxyConnectionError(
+        aiohttp.client_reqrep.ConnectionKey("p", 1, False, True, None, None, None),
+        OSError(111, "refused")), "connect"),
     ("refused address from the resolver",
      _chain(aiohttp.ClientConnectionError("x"), ForbiddenAddressError("127.0.0.1")),
      "address_not_allowed"),
@@ -90,7 +95,7 @@ def test_unexpected_exceptions_name_their_type() -> None:
 
 
 #: Classes a later attempt can fix: the server or network may answer in full next time.
-RETRYABLE = {"truncated_body", "timeout", "connect"}
+RETRYABLE = {"truncated_body", "timeout", "connect", "proxy"}
 
 
 def test_only_transient_classes_are_retried() -> None:

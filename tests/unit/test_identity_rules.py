@@ -15,7 +15,8 @@ import pytest
 from yarl import URL
 
 from consumers.fetch.classify import Signal
-from consumers.fetch.identities import EgressHealth, Identities
+from consumers.fetch.egress_health import EgressHealth, egress_fault
+from consumers.fetch.identities import Identities
 from consumers.fetch.robots_cache import RobotsCache
 from consumers.fetch.scheduler import TargetScheduler
 from consumers.fetch.target_policy import TargetPolicy
@@ -128,30 +129,68 @@ def test_a_retry_keeps_its_only_egress() -> None:
     assert ids.choose_egress(T, "a", "p1", "timeout", 0.0, NOW_MS) == "p1"
 
 
-def test_an_egress_cools_off_after_n_failures_in_the_window_and_comes_back() -> None:
+def test_an_egress_cools_off_after_n_faults_of_its_own_on_two_targets_and_comes_back() -> None:
     ids = _ids(_profile("a", egress=("p1", "p2")), failures=3, window_s=10.0, cooloff_s=30.0)
-    ids.observe(T, "a", "p1", Signal.ERROR, 0.0)
-    ids.observe(U, "a", "p1", Signal.BLOCKED, 1.0)
-    ids.observe(T, "a", "p1", Signal.OK, 2.0)  # a success is no failure
+    ids.observe(T, "a", "p1", Signal.ERROR, 0.0, "timeout")
+    ids.observe(U, "a", "p1", Signal.ERROR, 1.0, "connect")
+    ids.observe(T, "a", "p1", Signal.OK, 2.0, "ok")  # a success is no fault
     assert {ids.choose_egress(T, "a", None, None, 3.0, NOW_MS) for _ in range(4)} \
-        == {"p1", "p2"}  # two failures: still healthy
-    ids.observe(T, "a", "p1", Signal.ERROR, 4.0)  # the third within 10 s
+        == {"p1", "p2"}  # two faults: still healthy
+    ids.observe(T, "a", "p1", Signal.NEUTRAL, 4.0, "proxy")  # the third within 10 s
     assert {ids.choose_egress(T, "a", None, None, 5.0, NOW_MS) for _ in range(4)} == {"p2"}
     assert {ids.choose_egress(U, "a", None, None, 33.0, NOW_MS) for _ in range(4)} == {"p2"}
     assert {ids.choose_egress(T, "a", None, None, 34.0, NOW_MS) for _ in range(4)} \
         == {"p1", "p2"}  # back after its cool-off
 
 
-def test_failures_spread_wider_than_the_window_never_cool_an_egress_off() -> None:
+@pytest.mark.parametrize("failures", [1, 2, 5])
+def test_blocks_never_cool_an_egress_off_however_tight_the_setting(failures: int) -> None:
+    """One site banning an exit (403s, 429s) is that site's verdict: the quarantine's to
+    count per (target, egress), never a reason to take the exit from every other site."""
+    ids = _ids(_profile("a", egress=("p1", "p2")), failures=failures, window_s=10.0)
+    for i in range(20):
+        ids.observe(T, "a", "p1", Signal.BLOCKED, i * 0.1, "http_403")
+        ids.observe(U, "a", "p1", Signal.THROTTLED, i * 0.1, "http_429")
+    assert ids.health.cooling(3.0) == []
+    assert {ids.choose_egress(U, "a", None, None, 3.0, NOW_MS) for _ in range(4)} \
+        == {"p1", "p2"}
+
+
+@pytest.mark.parametrize("failures", [1, 2, 5])
+def test_faults_on_one_target_alone_never_cool_an_egress_off(failures: int) -> None:
+    """A site that is down looks like timeouts and refused connections through every
+    exit: the target's own back-off paces it; the exit stays for the others."""
+    health = EgressHealth(failures, 10.0, 30.0)
+    assert not any(health.record("p1", T, i * 0.1) for i in range(3 * failures))
+    assert health.record("p1", U, 1.0) is True  # a second target's fault: the egress's own
+    assert health.cooling(2.0) == ["p1"]
+
+
+def test_the_tightest_setting_takes_two_faults_on_two_targets() -> None:
+    health = EgressHealth(1, 10.0, 30.0)
+    assert health.record("p1", T, 0.0) is False
+    assert health.record("p1", U, 0.5) is True
+
+
+def test_faults_spread_wider_than_the_window_never_cool_an_egress_off() -> None:
     health = EgressHealth(3, 10.0, 30.0)
-    assert [health.record("p1", t) for t in (0.0, 6.0, 12.0, 18.0, 24.0)] == [False] * 5
-    assert health.record("p1", 25.0) is True  # 18, 24, 25: three within 10 s
+    assert [health.record("p1", (T, U)[i % 2], t)
+            for i, t in enumerate((0.0, 6.0, 12.0, 18.0, 24.0))] == [False] * 5
+    assert health.record("p1", T, 25.0) is True  # 18, 24, 25: three within 10 s, 2 targets
+
+
+def test_only_the_egresss_own_failure_classes_are_faults() -> None:
+    assert {r for r in ("connect", "timeout", "proxy", "http_407", "http_403", "http_429",
+                        "http_503", "truncated_body", "tls", "ok", "address_not_allowed")
+            if egress_fault(r)} == {"connect", "timeout", "proxy", "http_407"}
 
 
 def test_a_whole_pool_cooling_off_still_goes_through_the_first_to_recover() -> None:
     ids = _ids(_profile("a", egress=("p1", "p2")), failures=1, cooloff_s=30.0)
-    ids.observe(T, "a", "p2", Signal.ERROR, 0.0)
-    ids.observe(T, "a", "p1", Signal.ERROR, 1.0)
+    ids.observe(T, "a", "p2", Signal.ERROR, 0.0, "connect")
+    ids.observe(U, "a", "p2", Signal.ERROR, 0.0, "connect")
+    ids.observe(T, "a", "p1", Signal.ERROR, 1.0, "timeout")
+    ids.observe(U, "a", "p1", Signal.ERROR, 1.0, "timeout")
     assert {ids.choose_egress(T, "a", None, None, 2.0, NOW_MS) for _ in range(3)} == {"p2"}
 
 
