@@ -183,10 +183,8 @@ class Settings:
     quarantine_s: float = 1800.0
     quarantine_target_share: float = 0.5
     #: Egress health (per fetch worker): ``egress_failures`` faults of an egress's own
-    #: (failed connections, timeouts, proxy errors, 407) within ``egress_window_s``, seen on
-    #: at least two targets, take it out of its pools for ``egress_cooloff_s`` (attempts go
-    #: through the pool's other egresses meanwhile). Blocks never count: the quarantine
-    #: counts them per (target, egress).
+    #: (connect, timeout, proxy error, 407) within ``egress_window_s``, on at least two
+    #: targets, cool it off for ``egress_cooloff_s``. Blocks are the quarantine's, per target.
     egress_failures: int = 5
     egress_window_s: float = 60.0
     egress_cooloff_s: float = 60.0
