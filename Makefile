@@ -58,7 +58,7 @@ lint: setup $(DEV_STAMP)
 # Python's own fault dump is off so the C library's assertion line ends the output.
 test: lint
 	@rm -f .crawlfleet/current-test
-	@$(BIN)/python -m pytest -p no:cacheprovider -p no:faulthandler tests || { rc=$$?; \
+	@$(BIN)/python -m pytest -p no:cacheprovider -p no:faulthandler --durations=40 tests || { rc=$$?; \
 	  test -f .crawlfleet/current-test && \
 	    echo "the test process died while running $$(cat .crawlfleet/current-test)"; \
 	  exit $$rc; }
