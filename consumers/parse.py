@@ -216,7 +216,8 @@ class ParseStage(BatchStage):
             "visit": int(job.get("visit") or 0), "changed": visit.changed,
             "signature": visit.signature, "validators": validators,
             "pinned": bool(job.get("pinned", True)), "priority": job.get("priority", 0),
-            "meta": {k: v for k, v in link_meta(job.get("meta")).items() if k != EGRESS_META}}
+            "meta": {k: v for k, v in link_meta(job.get("meta")).items() if k != EGRESS_META},
+            "egress": attempt_egress(job)}
         return self.encoder.record(self.topology.parsed, job["target"], key.encode(), page)
 
     def _link_jobs(self, job: CrawlJob, links: list[str]
@@ -272,7 +273,13 @@ def attempt_event(result: FetchResult) -> FetchEvent | None:
     job = result["job"]
     return fetch_event(job, job["target"], job["profile"], result["status"], result,
                        len(result["body"]), result["worker"], result, result["fetched_at_ms"],
-                       "", (job.get("meta") or {}).get(EGRESS_META, DIRECT))
+                       "", attempt_egress(job))
+
+
+def attempt_egress(job: CrawlJob) -> str:
+    """The egress the fetched job's attempt went through (the placed job's meta; none: no
+    profile was placed, and the attempt went direct)."""
+    return (job.get("meta") or {}).get(EGRESS_META, DIRECT)
 
 
 def link_job(page: CrawlJob, link: str, target: str, meta: dict[str, str]) -> CrawlJob:

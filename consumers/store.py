@@ -154,7 +154,7 @@ def event_row(event_id: str, e: FetchEvent) -> tuple[Any, ...]:
     return (event_id, _fetched_at(e["ts_ms"]), e["url"], e["target"], e["profile"],
             e["attempt"], e["status"], e["outcome"], e["reason"], e["elapsed_ms"], e["bytes"],
             e["worker"], e["fetcher_version"], e["http_version"], e["tls_version"],
-            e["profile_bundle_version"], e["code_revision"])
+            e["profile_bundle_version"], e["code_revision"], e.get("egress", ""))
 
 
 def dead_row(event_id: str, d: DeadLetter) -> tuple[Any, ...]:
@@ -184,7 +184,7 @@ def page_event_row(event_id: str, p: ParsedPage) -> tuple[Any, ...] | None:
             p["profile"], p["attempt"], p["status"], p["outcome"], p["reason"],
             p["attempt_ms"], p["body_bytes"], p["fetch_worker"], p["fetcher_version"],
             p["http_version"], p["tls_version"], p["profile_bundle_version"],
-            p["code_revision"])
+            p["code_revision"], p.get("egress", ""))
 
 
 def enqueued_rows(event_id: str, p: ParsedPage) -> list[tuple[Any, ...]]:

@@ -82,7 +82,7 @@ PAGE_COLUMNS = ("dedupe_key", "url", "final_url", "target", "profile", "depth", 
                 "http_version", "tls_version", "code_revision")
 EVENT_COLUMNS = ("event_id", "ts", "url", "target", "profile", "attempt", "status", "outcome",
                  "reason", "elapsed_ms", "bytes", "worker", "fetcher_version", "http_version",
-                 "tls_version", "profile_bundle_version", "code_revision")
+                 "tls_version", "profile_bundle_version", "code_revision", "egress")
 DEAD_COLUMNS = ("event_id", "failed_at", "url", "target", "profile", "source_topic", "reason",
                 "error", "attempts", "worker", "version", "raw", "job")
 VISIT_COLUMNS = ("dedupe_key", "visit", "url", "target", "profile", "visited_at", "status",

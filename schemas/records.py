@@ -114,6 +114,8 @@ class ParsedPage(TypedDict):
     pinned: bool
     priority: int
     meta: dict[str, str]
+    #: v6: the egress its attempt went through, for the fetch_events row (issue 41).
+    egress: str
 
 
 class DeadLetter(TypedDict):

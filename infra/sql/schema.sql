@@ -44,7 +44,8 @@ CREATE TABLE IF NOT EXISTS fetch_events (
     http_version           LowCardinality(String),
     tls_version            LowCardinality(String),
     profile_bundle_version LowCardinality(String),
-    code_revision          LowCardinality(String)
+    code_revision          LowCardinality(String),
+    egress                 LowCardinality(String) DEFAULT ''
 ) ENGINE = ReplacingMergeTree
 ORDER BY (target, event_id)
 SETTINGS non_replicated_deduplication_window = 10000;
@@ -94,6 +95,8 @@ ALTER TABLE pages ADD COLUMN IF NOT EXISTS profile_bundle_version LowCardinality
 ALTER TABLE pages ADD COLUMN IF NOT EXISTS http_version LowCardinality(String) DEFAULT '';
 ALTER TABLE pages ADD COLUMN IF NOT EXISTS tls_version LowCardinality(String) DEFAULT '';
 ALTER TABLE pages ADD COLUMN IF NOT EXISTS code_revision LowCardinality(String) DEFAULT '';
+-- fetch_events: the egress of the attempt (direct or a proxy's name; '' before it was kept).
+ALTER TABLE fetch_events ADD COLUMN IF NOT EXISTS egress LowCardinality(String) DEFAULT '';
 
 -- Lineage: the job states no other table records (enqueued, duplicate, parked, released),
 -- from crawl.lineage and from the links a parsed page enqueued (ParsedPage v4), keyed by the

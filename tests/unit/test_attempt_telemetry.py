@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from consumers.fetch.http import Response
 from consumers.fetch.outcomes import OutcomeRules
-from consumers.parse import attempt_event
+from consumers.parse import attempt_egress, attempt_event
 from consumers.store import event_row, page_event_row
 from core.config import load_settings
 from core.versions import FETCHER_VERSION
@@ -92,7 +92,7 @@ def _page(**over: Any) -> ParsedPage:
             "profile_bundle_version": "b2", "http_version": "aiohttp/3", "tls_version": "t",
             "code_revision": "abc", "enqueued": [], "parse_version": "0.1",
             "attempt": 1, "outcome": "blocked", "reason": "http_403", "attempt_ms": 55,
-            "fetcher_version": "cf/1", **over}
+            "fetcher_version": "cf/1", "egress": "direct", **over}
     return cast(ParsedPage, page)
 
 
@@ -111,3 +111,22 @@ def test_the_store_writes_the_pages_attempt_as_the_event_record_would_have_been(
     assert dict(zip(EVENT_COLUMNS, row, strict=True)) == \
         dict(zip(EVENT_COLUMNS, as_event, strict=True))
     assert page_event_row("crawl.parsed:2:9", _page(outcome="")) is None
+
+
+def test_the_egress_of_a_pages_attempt_reaches_its_fetch_events_row() -> None:
+    """fetch_events says which exit each attempt took (issue 41, point 3): a page fetched
+    through px2 is stored with px2, from the placed job the parse stage reads."""
+    rules = _rules()
+    job = {"url": URL, "target": "a.test", "profile": "default", "depth": 1, "attempt": 0,
+           "parent_url": None, "last_error": None, "priority": 0, "meta": {}, "delay_ms": 0}
+    pj = Pending(("u.crawl.frontier", 0), 5, 1, job, dedupe_key("default", URL),
+                 profile="default", egress="px2")
+    res = rules.response(pj, Response(URL, 200, "text/html", b"<p>x</p>", None, 7, [], None),
+                         0.0)
+    [page] = [rules.enc.codec.decode(rules.topology.record_of(o.topic), o.value, o.headers)
+              for o in res.outputs]
+    assert attempt_egress(page["job"]) == "px2"
+    event = attempt_event(page)
+    assert event is not None and event["egress"] == "px2"
+    row = page_event_row("crawl.parsed:2:9", _page(egress="px2"))
+    assert row is not None and dict(zip(EVENT_COLUMNS, row, strict=True))["egress"] == "px2"

@@ -87,7 +87,7 @@ def parsed_page() -> dict[str, Any]:
         # a revisit whose text did not change (not the defaults: the round trip shows them)
         "visit": 3, "changed": False, "signature": "0f" * 16,
         "validators": {"etag": '"e3"', "signature": "0f" * 16}, "pinned": False,
-        "priority": 1, "meta": {"campaign": "daily"},
+        "priority": 1, "meta": {"campaign": "daily"}, "egress": "px2",
     }
 
 
