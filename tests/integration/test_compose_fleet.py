@@ -241,6 +241,7 @@ def test_the_compose_file_runs_a_fleet_that_crawls_and_survives_a_recreate(
             wait_until(lambda: len(site.pages()) >= len(urls) // 4, 60, "a quarter fetched")
             fetch0 = run["fetch-0"]
             state_before = sorted(p.name for p in fetch0.data_dir.rglob("*") if p.is_dir())
+            peer_rebalances = run["fetch-1"].status()["rebalances"]
             fetch0.kill()
             fetch0.start()  # re-created: same service, same volume
             assert fetch0.proc is not None
@@ -253,6 +254,7 @@ def test_the_compose_file_runs_a_fleet_that_crawls_and_survives_a_recreate(
                        and all(v == 0 for v in stage_lags(publisher, 0).values()), 90,
                        "every page stored")
             counts = page_counts(store)
+            peer_rebalances = run["fetch-1"].status()["rebalances"] - peer_rebalances
             requested = len(site.pages())
         for name in workers:
             assert run[name].proc is not None and run[name].proc.poll() is None, \
@@ -267,4 +269,5 @@ def test_the_compose_file_runs_a_fleet_that_crawls_and_survives_a_recreate(
     assert state_before and (fetch0.data_dir / "status").is_dir()
     assert counts.final == counts.urls == counts.keys == len(urls), counts  # none lost/twice
     report("compose_fleet", pages=counts.final, raw_rows=counts.raw, requests=requested,
+           peer_rebalances_during_recreate=peer_rebalances,
            ready_s=round(ready_at, 1), total_s=round(time.monotonic() - started, 1))
