@@ -13,7 +13,6 @@ from __future__ import annotations
 from schemas.stages import (
     DAY_MS,
     WEEK,
-    DeployHints,
     StageSpec,
     StoreDecl,
     TimerDecl,
@@ -76,17 +75,17 @@ FETCH = StageSpec(
              "crawl.frontier", "crawl.frontier.high", "crawl.control", *_EVERYWHERE),
     stores=(StoreDecl("seen", "crawl.seen", "Seen", ttl_setting="seen_ttl_s", tuning="large"),
             StoreDecl("parked", "crawl.parked", "CrawlJob", holds_work=True)),
-    label="frontier", sends_requests=True, deploy=DeployHints("1Gi", 200))
+    label="frontier", sends_requests=True)
 PARSE = StageSpec(
     "parse", ("crawl.fetched",), "consumers.parse:ParseStage",
     outputs=("crawl.parsed", "crawl.frontier", "crawl.frontier.high", "crawl.telemetry",
              "crawl.revisits", *_EVERYWHERE),
-    label="fetched→parse", deploy=DeployHints("768Mi", 500))
+    label="fetched→parse")
 STORE = StageSpec(
     "store", ("crawl.parsed", "crawl.telemetry", "crawl.dead", "crawl.lineage",
               "crawl.quarantines"), "consumers.store:StoreStage",
     outputs=("crawl.dead",),  # what it cannot store (see consumers.store)
-    label="parsed→store", store_owner=True, deploy=DeployHints("2Gi", 2000))
+    label="parsed→store", store_owner=True)
 RETRY = StageSpec(
     "retry", RETRY_TIERS, "consumers.retry:RetryStage", followers=RETRY_TIERS[1:],
     outputs=("crawl.frontier", "crawl.frontier.high", *_EVERYWHERE),

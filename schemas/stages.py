@@ -95,12 +95,16 @@ class TimerDecl:
 
 @dataclass(frozen=True)
 class DeployHints:
-    """What a deployment gives each worker of a stage (``infra/deploy_files.py`` writes the
-    manifests from them): its memory (request = limit), and the consumer lag per replica at
-    which the autoscaler adds one."""
+    """What a deployment gives each worker of a stage of your own (``infra/deploy_files.py``
+    writes the manifests from them; the pipeline's stages are sized in
+    ``infra/deploy/sizes.json``, from ``crawlfleet plan``): its memory (request = limit),
+    CPU request, state volume, and the consumer lag per replica at which the autoscaler
+    adds one (above what a busy worker holds read but uncommitted)."""
 
     memory: str = "512Mi"
     lag_per_replica: int = 1000
+    cpu: str = "500m"
+    disk: str = "1Gi"
 
 
 @dataclass(frozen=True)

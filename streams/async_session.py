@@ -224,6 +224,7 @@ class AsyncSession:
         the restorer's thread: partitions already owned keep flowing, and the callback
         returns at once."""
         self.restores.assigned(consumer, partitions)
+        self.status.gauges["restoring"] = len(self.restores.waiting)  # readiness, at once
         self.status.add("assigned_partitions", len(partitions))
         log.info("%s %s: assigned partitions %s", self.stage, self.worker,
                  sorted({p.partition for p in partitions}))

@@ -182,6 +182,7 @@ class BatchStage(Stage):
         if self._restores is not None:
             self._restore_consumer = consumer
             self._restores.assigned(consumer, partitions)
+            self.status.gauges["restoring"] = len(self._restores.waiting)  # readiness
 
     # --- partition-owned state ------------------------------------------------------------
 
@@ -240,6 +241,7 @@ class BatchStage(Stage):
                 self._restores.report(done)
                 self.restored(done, info)
         self.status.gauges["restore_failing"] = len(self._restores.failing)
+        self.status.gauges["restoring"] = len(self._restores.waiting)
 
     def rolled_back(self) -> None:
         """Hook: in-memory state derived from uncommitted work must be forgotten."""

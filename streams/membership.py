@@ -77,9 +77,11 @@ class Membership:
         def assigned(c: Consumer, parts: list[TopicPartition]) -> None:
             full = self.expand(parts)
             c.incremental_assign(full)
-            tell(full, gained=True)
-            if on_assign is not None:
-                on_assign(c, full)
+            try:
+                if on_assign is not None:
+                    on_assign(c, full)
+            finally:  # after the stage has marked what waits for its state (readiness)
+                tell(full, gained=True)
 
         def revoked(c: Consumer, parts: list[TopicPartition]) -> None:
             full = self.expand(parts)

@@ -52,6 +52,8 @@ GAUGES: dict[str, tuple[str, str]] = {
                   "Partitions paused until their state is restored."),
     "restore_failing": ("crawlfleet_restore_failing_partitions",
                         "Partitions whose state restore failed (retried, kept paused)."),
+    "recovering": ("crawlfleet_recovering",
+                   "1 while the quarantine app rebalances or recovers its table (not ready)."),
     "timers": ("crawlfleet_retry_timers", "Retries waiting in the timer store."),
     "held_partitions": ("crawlfleet_held_partitions", "Input partitions held back."),
     "members": ("crawlfleet_fetch_group_members", "Live members of the fetch group."),
@@ -139,7 +141,6 @@ class WorkerMetrics:
     def serve(self, settings: Settings, status: Any) -> int:
         """Register the metrics, start serving them, return the port (0 picks a free one)."""
         from prometheus_client import CollectorRegistry, Counter, Histogram, Info
-        from prometheus_client.exposition import start_http_server
 
         base = {"stage": self.stage, "worker": self.worker}
         versions = version_labels(settings)
@@ -164,15 +165,14 @@ class WorkerMetrics:
             list(base), buckets=RESTORE_BUCKETS, registry=self.registry).labels(**base)
         self.registry.register(StatusCollector(status, base))
         try:
-            self._server, _ = start_http_server(settings.metrics_port,
-                                                addr=settings.metrics_bind,
-                                                registry=self.registry)
+            self._server = _serve(settings.metrics_bind, settings.metrics_port,
+                                  self.registry, status)
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on {settings.metrics_bind}:"
                               f"{settings.metrics_port}: {exc}") from exc
         self.port = int(self._server.server_address[1])
         self.on = True
-        log.info("%s %s: metrics on http://%s:%d/metrics", self.stage, self.worker,
+        log.info("%s %s: metrics on http://%s:%d/metrics (and /ready)", self.stage, self.worker,
                  settings.metrics_bind, self.port)
         return self.port
 
@@ -253,6 +253,51 @@ class StatusCollector:
             fam.add_metric([*values, *([label_value] if label_value else [])], float(value))
         yield from families.values()
         yield events
+
+
+def ready_app(status: Any, metrics_app: Any) -> Any:
+    """A WSGI app: ``/ready`` answers the worker's readiness (200, or 503 with the reason,
+    from :func:`streams.readiness.readiness` on its live status); every other path is the
+    Prometheus exposition."""
+    from streams.readiness import readiness
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("PATH_INFO", "").rstrip("/") != "/ready":
+            return metrics_app(environ, start_response)
+        verdict = readiness(status.snapshot())
+        body = (("ready: " if verdict.ready else "not ready: ") + verdict.reason + "\n").encode()
+        start_response(f"{verdict.http_status} {'OK' if verdict.ready else 'Service Unavailable'}",
+                       [("Content-Type", "text/plain; charset=utf-8"),
+                        ("Content-Length", str(len(body)))])
+        return [body]
+
+    return app
+
+
+def _serve(bind: str, port: int, registry: Any, status: Any) -> Any:
+    """The metrics and readiness endpoint on its own daemon thread (what prometheus_client's
+    ``start_http_server`` does, with ``/ready`` beside ``/metrics``)."""
+    import socket
+    import threading
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from prometheus_client import make_wsgi_app
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            """A probe every few seconds is not news."""
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    family, _, _, _, addr = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM,
+                                               flags=socket.AI_PASSIVE)[0]
+    Server.address_family = family
+    httpd = make_server(str(addr[0]), port, ready_app(status, make_wsgi_app(registry)),
+                        Server, handler_class=Quiet)
+    threading.Thread(target=httpd.serve_forever, name="metrics", daemon=True).start()
+    return httpd
 
 
 #: A gauge computed when the status is written (at most every 0.5 s), not on every loop.

@@ -296,6 +296,10 @@ class QuarantineWorker:
                     self.status.gauges["active_quarantines"] = self.active_quarantines()
                     self.status.assignment = sorted(
                         (tp.topic, tp.partition) for tp in self.app.consumer.assignment())
+                    # Readiness: joined (a rebalance done), its table recovered.
+                    self.status.rebalances = self.app.rebalancing_count
+                    self.status.gauges["recovering"] = int(
+                        bool(self.app.rebalancing or self.app.tables.recovery.in_recovery))
                     self.status.write(force=True)
         finally:
             await self.app.stop()

@@ -124,16 +124,20 @@ class StatusFile:
         self._last_write = now
         for name, fn in self.gauge_fns.items():
             self.gauges[name] = fn()
-        data = {"stage": self.stage, "worker": self.worker, "pid": os.getpid(),
-                "host": _HOST, "counters": self.counters, "gauges": self.gauges,
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.snapshot(now)))
+        tmp.replace(self.path)
+        self._held_when_written = bool(holds_work(self.gauges))
+
+    def snapshot(self, now: float | None = None) -> dict[str, Any]:
+        """What the file holds (written by :meth:`write`; read live by ``/ready``)."""
+        now = time.monotonic() if now is None else now
+        return {"stage": self.stage, "worker": self.worker, "pid": os.getpid(),
+                "host": _HOST, "counters": dict(self.counters), "gauges": dict(self.gauges),
                 "idle_s": round(now - self._last_activity, 3), "wall": time.time(),
                 "metrics_port": self.metrics.port, "waiting": self.waiting,
                 "assignment": [list(tp) for tp in self.assignment],
                 "rebalances": self.rebalances, "notes": self.notes}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(self.path)
-        self._held_when_written = bool(holds_work(self.gauges))
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)

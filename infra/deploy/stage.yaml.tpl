@@ -29,7 +29,7 @@ metadata:
     app.kubernetes.io/component: {stage}
 spec:
   serviceName: crawlfleet-{stage}
-  replicas: 2
+  replicas: {replicas}  # {scale_note}
   podManagementPolicy: Parallel  # workers are peers: no ordered start needed
   selector:
     matchLabels:
@@ -47,6 +47,14 @@ spec:
       # A clean stop commits finished work and closes the consumer: it needs the
       # transaction timeout (= session timeout, 30 s) at worst, plus the margin.
       terminationGracePeriodSeconds: 60
+      # The image runs as 65534; fsGroup makes the state volume writable by it (the pod's
+      # data dir is that volume).
+      securityContext:
+        runAsUser: 65534
+        runAsGroup: 65534
+        runAsNonRoot: true
+        fsGroup: 65534
+        fsGroupChangePolicy: OnRootMismatch
       containers:
         - name: {stage}
           image: crawlfleet:0.1.0
@@ -64,13 +72,17 @@ spec:
           ports:
             - name: metrics
               containerPort: 9400
-          # Served from start-up on (also while waiting for Kafka or the store, which the
-          # worker survives: the gauges crawlfleet_kafka_waiting / _store_waiting say so).
+          # Ready = joined its group, its partitions' state restored, consuming (the
+          # worker's own status, streams/readiness.py): a rolling update moves on only
+          # then. 503 with the reason meanwhile (waiting for Kafka, restoring ...).
           readinessProbe:
             httpGet:
-              path: /metrics
+              path: /ready
               port: metrics
-            periodSeconds: 10
+            periodSeconds: 5
+            failureThreshold: 2
+          # Alive = the metrics page answers: also while the worker waits for Kafka or
+          # its store, which it survives (crawlfleet_kafka_waiting / _store_waiting).
           livenessProbe:
             httpGet:
               path: /metrics
@@ -80,7 +92,7 @@ spec:
             failureThreshold: 6
           resources:
             requests:
-              cpu: 500m
+              cpu: {cpu}
               memory: {memory}
             limits:
               memory: {memory}
@@ -96,7 +108,7 @@ spec:
         accessModes: ["ReadWriteOnce"]
         resources:
           requests:
-            storage: 10Gi
+            storage: {disk}
 ---
 apiVersion: policy/v1
 kind: PodDisruptionBudget
@@ -119,12 +131,14 @@ spec:
     kind: StatefulSet
     name: crawlfleet-{stage}
   minReplicaCount: 1
-  maxReplicaCount: 12  # = CRAWLFLEET_PARTITIONS: a member beyond it holds nothing
+  maxReplicaCount: {partitions}  # = CRAWLFLEET_PARTITIONS: a member beyond it holds nothing
   cooldownPeriod: 300  # scale down slowly: each change is a (cooperative) rebalance
   triggers:
     - type: kafka
       metadata:
         bootstrapServers: kafka-0.kafka:9092,kafka-1.kafka:9092,kafka-2.kafka:9092
         consumerGroup: prod.crawlfleet-{stage}  # every topic the group reads: all its inputs
+        # {lag_note}
         lagThreshold: "{lag}"
+        offsetResetPolicy: earliest  # as the consumers: a group with no offset lags it all
         allowIdleConsumers: "false"

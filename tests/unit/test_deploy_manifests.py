@@ -1,7 +1,9 @@
 """The deployment files, checked offline: every YAML file lints, every Kubernetes manifest
 validates against the bundled schemas (strict), each ScaledObject against KEDA's own CRD
-(``tests/unit/data/keda``, from kedacore/keda 8b4f083), and the files agree with the code:
-setting names, consumer groups, the partition cap, the worker id, the grace period."""
+(``tests/unit/data/keda``, from kedacore/keda 8b4f083) and each Kafka trigger's metadata
+against the scaler's parameter list (``infra/keda_kafka.py``), and the files agree with the
+code: setting names, consumer groups, the partition cap, the worker id, the grace period,
+the runtime user and its data dir, readiness, the sizes of ``crawlfleet plan``."""
 
 from __future__ import annotations
 
@@ -15,11 +17,15 @@ import yaml
 from yamllint import config as yl_config
 from yamllint import linter
 
+from consumers.parse import ParseStage
 from core.config import SECRET_FIELDS, SETTING_DEFAULTS, Settings
+from crawlfleet.plan import Costs, plan
 from infra.deploy_files import DEPLOY as WRITTEN_TO
-from infra.deploy_files import stale
+from infra.deploy_files import compose_workers, sizes_table, stage_size, stale
+from infra.keda_kafka import kafka_trigger_problems
 from schemas.stages import StageSpec, every_stage, register_stage, unregister_stage
 from schemas.topics import Topology
+from streams.batch_stage import BatchStage
 from streams.io import transaction_timeout_ms
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +54,7 @@ def test_every_file_lints(path: Path) -> None:
 def test_core_kinds_validate_against_the_kubernetes_schemas() -> None:
     core = [d for d in _docs() if not d["apiVersion"].startswith("keda.sh/")]
     assert {d["kind"] for d in core} >= {"StatefulSet", "Service", "PodDisruptionBudget",
-                                          "ConfigMap", "Secret"}
+                                          "ConfigMap", "Secret", "Job"}
     for doc in core:
         kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
 
@@ -93,7 +99,7 @@ def test_every_variable_is_a_setting_and_secrets_stay_in_the_secret() -> None:
         assert _valid_setting(var), var
     assert not any("DSN" in k or "PASSWORD" in k for k in _config())
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
-    for name in every_stage():
+    for name, _ in compose_workers():
         env = compose["services"][name]["environment"]
         assert all(_valid_setting(k) for k in env if k.startswith("CRAWLFLEET_")), env
         assert "CRAWLFLEET_CLICKHOUSE_DSN" not in env  # from the secret file only
@@ -114,7 +120,7 @@ def test_each_stage_is_a_statefulset_scaled_on_its_own_group_within_the_partitio
         assert box["args"][:2] == ["worker", stage]
         assert box["args"][2:] == ["--worker-id", "$(POD_NAME)"]  # stable id = pod name
         assert pod["terminationGracePeriodSeconds"] >= 2 * grace
-        assert box["readinessProbe"]["httpGet"]["port"] == "metrics"
+        assert box["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "metrics"}
         assert box["livenessProbe"]["httpGet"]["port"] == "metrics"
     for so in _kind("ScaledObject"):
         stage = so["spec"]["scaleTargetRef"]["name"].removeprefix("crawlfleet-")
@@ -144,7 +150,7 @@ def test_the_stage_files_are_the_ones_the_registry_writes() -> None:
     template; a stage added without `python -m infra.deploy_files` fails here."""
     assert WRITTEN_TO == DEPLOY
     assert stale() == []
-    assert {p.stem for p in K8S} == {*every_stage(), "config"}
+    assert {p.stem for p in K8S} == {*every_stage(), "config", "topics"}
 
 
 def test_a_stage_added_to_the_registry_makes_the_files_stale() -> None:
@@ -155,3 +161,141 @@ def test_a_stage_added_to_the_registry_makes_the_files_stale() -> None:
     finally:
         unregister_stage("tally")
     assert stale() == []
+
+
+def _compose() -> dict[str, Any]:
+    return dict(yaml.safe_load((DEPLOY / "compose.yaml").read_text()))
+
+
+def _image_user_and_data_dir() -> tuple[str, str, list[str]]:
+    lines = (DEPLOY / "Dockerfile").read_text().splitlines()
+    (user,) = [ln.split()[1] for ln in lines if ln.startswith("USER ")]
+    (env,) = [ln.split()[1] for ln in lines if ln.startswith("ENV CRAWLFLEET_DATA_DIR=")]
+    return user, env.split("=", 1)[1], lines
+
+
+def test_the_image_makes_its_data_dir_owned_by_its_user() -> None:
+    """Every stage makes its status dir under the data dir at start: a dir the runtime user
+    cannot write is a crash loop (issue 42)."""
+    user, data_dir, lines = _image_user_and_data_dir()
+    text = "\n".join(lines)
+    assert f"mkdir -p {data_dir}" in text and f"chown {user} {data_dir}" in text
+    assert data_dir == _config()["CRAWLFLEET_DATA_DIR"]
+    uid, gid = (int(x) for x in user.split(":"))
+    for sts in _kind("StatefulSet"):
+        pod = sts["spec"]["template"]["spec"]
+        sc = pod["securityContext"]
+        assert (sc["runAsUser"], sc["runAsGroup"], sc["fsGroup"]) == (uid, gid, gid)
+        (box,) = pod["containers"]
+        (mount,) = box["volumeMounts"]
+        assert mount == {"name": "state", "mountPath": data_dir}
+
+
+def test_compose_keeps_every_stateful_part_on_a_named_volume() -> None:
+    compose = _compose()
+    services, declared = compose["services"], set(compose["volumes"])
+
+    def named(service: str) -> dict[str, str]:
+        mounts = dict(v.split(":", 1)[::-1] for v in services[service].get("volumes", []))
+        assert set(mounts.values()) <= declared, service  # named volumes, not bind mounts
+        return mounts
+
+    for broker in ("kafka-1", "kafka-2", "kafka-3"):
+        assert services[broker]["environment"]["KAFKA_LOG_DIRS"] in named(broker)
+    assert "/var/lib/clickhouse" in named("clickhouse")
+    _, data_dir, _ = _image_user_and_data_dir()
+    ids = []
+    for wid, stage in compose_workers():
+        svc = services[wid]
+        assert svc["environment"]["CRAWLFLEET_DATA_DIR"] == data_dir
+        assert named(wid) == {data_dir: f"{wid}-state"}  # its own, never shared
+        assert svc["command"] == ["worker", stage, "--worker-id", wid]  # stable on recreate
+        assert svc["hostname"] == wid
+        assert svc["depends_on"]["topics"] == {"condition": "service_completed_successfully"}
+        assert "/ready" in " ".join(svc["healthcheck"]["test"])
+        ids.append(wid)
+    assert len(set(ids)) == len(ids)
+    assert services["topics"]["command"] == ["topics", "create"]
+
+
+def test_the_quarantine_app_is_deployed_in_both() -> None:
+    """Without it a deployed fleet issues no quarantine at all (issue 42)."""
+    assert "quarantine" in every_stage()
+    assert any(st == "quarantine" for _, st in compose_workers())
+    (sts,) = [d for d in _kind("StatefulSet") if d["metadata"]["name"] == "crawlfleet-quarantine"]
+    (box,) = sts["spec"]["template"]["spec"]["containers"]
+    assert box["args"][:2] == ["worker", "quarantine"]
+
+
+def test_the_kafka_cluster_id_is_one_kraft_accepts() -> None:
+    import base64
+    cid = _compose()["services"]["kafka-1"]["environment"]["CLUSTER_ID"]
+    assert len(cid) == 22 and len(base64.urlsafe_b64decode(cid + "==")) == 16
+
+
+def test_every_kafka_trigger_uses_only_the_scalers_parameters() -> None:
+    for so in _kind("ScaledObject"):
+        (trigger,) = so["spec"]["triggers"]
+        assert trigger["type"] == "kafka"
+        assert kafka_trigger_problems(trigger["metadata"]) == [], so["metadata"]["name"]
+        # the consumers read from the earliest offset: a group with none lags it all
+        assert trigger["metadata"]["offsetResetPolicy"] == "earliest"
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    ({"lagTreshold": "100"}, "lagTreshold: not a parameter"),
+    ({"lagThreshold": "1e4"}, "lagThreshold: '1e4' is not a valid int"),
+    ({"offsetResetPolicy": "oldest"}, "not one of earliest, latest"),
+    ({"allowIdleConsumers": "nope"}, "not a valid bool"),
+    ({"lagThreshold": 100}, "not a string"),
+    ({"bootstrapServers": "kafka-0"}, "not a valid servers"),
+])
+def test_a_misspelt_or_mistyped_trigger_key_fails(change: dict[str, Any], problem: str) -> None:
+    (so, *_) = _kind("ScaledObject")
+    (trigger,) = so["spec"]["triggers"]
+    problems = kafka_trigger_problems({**trigger["metadata"], **change})
+    assert any(problem in p for p in problems), problems
+
+
+def _held_uncommitted(stage: str) -> int:
+    """What one busy worker of ``stage`` holds read but not committed: its lag at pace."""
+    s = Settings()
+    return {"fetch": s.max_buffered, "parse": ParseStage.batch_size,
+            "store": s.store_batch_rows}.get(stage, BatchStage.batch_size)
+
+
+def test_lag_thresholds_sit_above_what_a_busy_worker_holds() -> None:
+    """A threshold under one worker's own buffer (200 against fetch's 5,000) reads every
+    busy worker as behind and pins the stage at its maximum."""
+    for so in _kind("ScaledObject"):
+        stage = so["spec"]["scaleTargetRef"]["name"].removeprefix("crawlfleet-")
+        (trigger,) = so["spec"]["triggers"]
+        assert int(trigger["metadata"]["lagThreshold"]) >= 2 * _held_uncommitted(stage), stage
+
+
+def test_sizes_are_the_plans_at_the_stated_scale() -> None:
+    """replicas = the plan's workers, CPU = its worker_cpu, fetch's disk >= its share of the
+    dedupe and parked state (issue 42: 10Gi against ~38 GB)."""
+    table = sizes_table()
+    assert "--pages-per-day 1e9 --targets 10000000" in table["scale"]
+    p = plan(1e9, 10_000_000, 2.0, Costs.load())
+    assert table["partitions"] == p.partitions
+    by_stage = {d["metadata"]["name"].removeprefix("crawlfleet-"): d
+                for d in _kind("StatefulSet")}
+
+    def gib(q: str) -> float:
+        return float(q.removesuffix("Gi"))
+
+    for stage, n in p.workers.items():
+        size = stage_size(stage)
+        assert size.replicas == n, stage
+        sts = by_stage[stage]
+        assert sts["spec"]["replicas"] == n
+        (box,) = sts["spec"]["template"]["spec"]["containers"]
+        if p.loads.get(f"{stage} workers' CPU"):
+            assert box["resources"]["requests"]["cpu"] == "800m", stage  # worker_cpu 0.8
+        (claim,) = sts["spec"]["volumeClaimTemplates"]
+        assert claim["spec"]["resources"]["requests"]["storage"] == size.disk
+    fetch_gb = (p.seen_gb + p.parked_gb) / p.workers["fetch"]
+    assert gib(stage_size("fetch").disk) * 2**30 / 1e9 >= fetch_gb
+    assert gib(stage_size("retry").disk) * 2**30 / 1e9 >= p.timers_gb / p.workers["retry"]
