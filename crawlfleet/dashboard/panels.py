@@ -57,6 +57,8 @@ PANELS: tuple[Panel, ...] = (
           values=("dead_letters",), series_by="reason", unit="dead letters"),
     Panel("target_health", "table", NO_REQUESTS,
           highlight=("block_rate", "retry_rate", "not_found_rate"), wide=True),
+    Panel("identity_health", "table", NO_REQUESTS,
+          highlight=("block_rate", "throttle_rate", "error_rate"), wide=True),
     Panel("slow_targets", "table", NO_REQUESTS, highlight=("block_rate", "p95_ms"),
           wide=True),
     Panel("worker_success", "table", NO_REQUESTS, highlight=("success_rate",)),

@@ -19,11 +19,13 @@ from fleet_helpers import (
     Workers,
     create_all_topics,
     publish_seeds,
+    query,
     report,
     wait_until,
 )
 
 from core.config import Settings
+from infra.views import expand, load_views
 from sites.behaviour_site import Behaviour, BehaviourSite
 from sites.demo_server import free_port
 
@@ -64,6 +66,9 @@ def test_one_site_banning_an_egress_leaves_it_crawling_every_other_site(
         create_all_topics(s)
         ws = fleet(s)
         ws.start("fetch", "fetch-0")
+        if failures is None:  # the store says which exit each site disliked (point 3)
+            ws.start("parse", "parse-0")
+            ws.start("store", "store-0")
         publish_seeds(s, site.urls(bans, n_bans) + site.urls(other, n_other))
 
         def pages(host: str) -> list[tuple[float, str, int]]:
@@ -88,3 +93,31 @@ def test_one_site_banning_an_egress_leaves_it_crawling_every_other_site(
     assert len(after) >= 6, (banned, to_other)
     assert after.count("px2") >= len(after) / 3, after
     assert {status for _, _, status in to_other} == {200}
+    if failures is None:
+        _assert_identity_health(s, ws, bans, other, to_bans, to_other)
+
+
+def _assert_identity_health(s: Settings, ws: Workers, bans: str, other: str,
+                            to_bans: list[tuple[float, str, int]],
+                            to_other: list[tuple[float, str, int]]) -> None:
+    """fetch_events keeps each attempt's egress, and identity_health shows the ban where
+    it is: px2 on the banning site only (the site's own log is the referee)."""
+    view = expand(load_views()["identity_health"].sql, 3600)
+    ws.wait_store_ready()
+
+    def rows() -> dict[tuple[str, str, str], tuple[int, int]]:
+        got = {}
+        for r in query(s, view):
+            host = str(r[0]).split(":")[0]
+            got[(host, str(r[1]), str(r[2]))] = (int(r[3]), int(r[4]))  # requests, blocked
+        return got
+
+    want = {(host, "egress", egress): (sum(1 for _, e, _ in seen if e == egress),
+                                       sum(1 for _, e, st in seen if e == egress and st == 403))
+            for host, seen in ((bans, to_bans), (other, to_other)) for egress in ("px1", "px2")}
+    wait_until(lambda: all(rows().get(k, (0, 0))[0] >= v[0] for k, v in want.items()), 60,
+               f"every attempt's row in the store: {want}\n{ws.logs()}")
+    got = rows()
+    assert {k: got[k] for k in want} == want
+    assert want[(bans, "egress", "px2")][1] == want[(bans, "egress", "px2")][0] > 0
+    assert got[(bans, "profile", "alpha")] == (len(to_bans), want[(bans, "egress", "px2")][1])
