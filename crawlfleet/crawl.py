@@ -23,6 +23,7 @@ from rich.table import Table
 
 from core.config import Settings
 from core.errors import InfraError
+from crawlfleet import health
 
 # Fleet, Plan and settings_env lived here first: re-exported for their many users.
 from crawlfleet.fleet import PARTITIONS_PER_WORKER as PARTITIONS_PER_WORKER
@@ -375,6 +376,7 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
         if console.is_terminal else contextlib.nullcontext()
     last_line = 0.0
     shown: list[str] = []
+    quarantines = health.QuarantineDrain(settings, analytics_stages())
     try:
         with live:
             while True:
@@ -401,6 +403,10 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
                         again = probe.stage_lags(topo)
                         drained = all(v == 0 for v in again.values()) and probe.ends == ends
                 notes = list(stalled.values()) + refusals(statuses)
+                q_note, q_said = quarantines.look(statuses, lags)
+                notes += [q_note] if q_note else []
+                if q_said:  # nothing else left: a one-off crawl does not wait them out
+                    console.print(q_said, markup=False, highlight=False)
                 if held is not None and not held.empty:
                     notes.append(f"not drained, the broker holds: {held.describe()}")
                 elif held_note:

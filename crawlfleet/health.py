@@ -21,6 +21,7 @@ from typing import Any
 from core.config import Settings
 from infra.live_state import LiveEntries, live_entries
 from infra.topics import topology_of
+from producers.control import end_held
 from streams.status import status_alive
 
 #: A stage must look stalled this long before it is shown so (a restarted worker takes a
@@ -144,3 +145,86 @@ def read_held_work(settings: Settings, timeout_s: float = 10.0) -> HeldWork:
     topo = topology_of(settings)
     return HeldWork(live_entries(settings, topo.parked, topo.partitions, timeout_s),
                     live_entries(settings, topo.timers, topo.partitions, timeout_s))
+
+
+@dataclass(frozen=True)
+class QuarantineHeld:
+    """Jobs the fetch workers hold because of a quarantine (their ``quarantine_held``
+    gauge and per-target notes, consumers/fetch/quarantine_holds)."""
+
+    jobs: int
+    where: dict[str, str]  # target -> "N jobs until ..."
+
+    def describe(self) -> str:
+        shown = "; ".join(f"{t} {w}" for t, w in sorted(self.where.items())[:5])
+        more = f"; +{len(self.where) - 5} targets" if len(self.where) > 5 else ""
+        return f"{self.jobs} jobs held by quarantines ({shown}{more})"
+
+
+def quarantine_held(statuses: list[dict[str, Any]]) -> QuarantineHeld:
+    jobs, where = 0, dict[str, str]()
+    for s in statuses:
+        if s.get("stage") != "fetch":
+            continue
+        jobs += int(s.get("gauges", {}).get("quarantine_held", 0) or 0)
+        where.update(s.get("notes", {}).get("quarantine_held") or {})
+    return QuarantineHeld(jobs, where)
+
+
+def only_quarantine_holds(statuses: list[dict[str, Any]], lags: dict[str, int],
+                          analytics: tuple[str, ...] = ()) -> bool:
+    """Whether everything the fleet still holds is held by a quarantine: fetch's lag is
+    all the fleet's work, and every job each fetch worker has (queued) is held (nothing in
+    flight, parked or on a timer, no other stage behind or holding work). Then a one-off
+    crawl's drain would only wait the quarantines out."""
+    held = quarantine_held(statuses)
+    if held.jobs <= 0:
+        return False
+    if any(v for stage, v in lags.items() if stage != "fetch" and stage not in analytics):
+        return False
+    for s in statuses:
+        if s.get("stage") in analytics:
+            continue
+        g = s.get("gauges", {})
+        busy = {k: v for k, v in g.items()
+                if k in ("inflight", "parked", "timers", "held_partitions", "restoring") and v}
+        if busy or s.get("waiting"):
+            return False
+        queued = int(g.get("queued", 0) or 0)
+        if s.get("stage") == "fetch":  # queued for a target, or waiting for an identity
+            waiting = int(g.get("identity_waiting", 0) or 0)
+            if queued + waiting != int(g.get("quarantine_held", 0) or 0):
+                return False
+        elif queued:
+            return False
+    return True
+
+
+#: Looks in a row that must find only quarantine-held work before a crawl ends it (a job
+#: between two queues for a moment is not "held").
+HELD_ONLY_LOOKS = 3
+
+
+class QuarantineDrain:
+    """A one-off crawl's view of quarantine-held work: the note to show while some is
+    held, and the one moment to end it (a deployed fleet has no such view: it waits)."""
+
+    def __init__(self, settings: Settings, analytics: tuple[str, ...]) -> None:
+        self.settings, self.analytics = settings, analytics
+        self.looks = 0
+        self.ended = False
+
+    def look(self, statuses: list[dict[str, Any]], lags: dict[str, int]
+             ) -> tuple[str | None, str | None]:
+        """(the progress note or None, what to print when the held jobs were ended now:
+        once, when they are all the crawl still waits on)."""
+        held = quarantine_held(statuses)
+        note = held.describe() if held.jobs else None
+        self.looks = self.looks + 1 if only_quarantine_holds(statuses, lags,
+                                                              self.analytics) else 0
+        if self.looks < HELD_ONLY_LOOKS or self.ended:
+            return note, None
+        self.ended = True
+        end_held(self.settings)
+        return note, (f"{note}, and nothing else left: ending them as dead letters "
+                      "`quarantined` (a one-off crawl does not wait its quarantines out)")

@@ -31,7 +31,7 @@ from rich.text import Text
 from core.config import Settings
 from core.errors import CrawlfleetError
 from core.timefmt import clock_utc
-from crawlfleet.health import HeldWork, read_held_work, stalls
+from crawlfleet.health import HeldWork, quarantine_held, read_held_work, stalls
 from infra.lag import LagProbe
 from infra.store_query import run_query
 from infra.topics import topology_of
@@ -129,8 +129,11 @@ class FleetView:
             self.history[stage].append(lag)
             stages[stage] = StageView(lag, rate, members.get(stage, []),
                                       list(self.history[stage]))
-        found = stalls({st: v.lag for st, v in stages.items()},
-                       read_statuses(self.s.status_dir), members)
+        statuses = read_statuses(self.s.status_dir)
+        found = stalls({st: v.lag for st, v in stages.items()}, statuses, members)
+        held_q = quarantine_held(statuses)  # pinned work waiting out a quarantine, and until
+        if held_q.jobs:
+            notes.append(held_q.describe())
         for stage, why in found.items():
             stages[stage].stalled = why
         state = self.control.state

@@ -12,7 +12,7 @@ from core.versions import VersionTuple
 from infra.topics import topology_of
 from schemas.codec import default_codec
 from schemas.records import Control
-from streams.control import ControlReader, approved_key, cap_key, pause_key
+from streams.control import END_HELD, ControlReader, approved_key, cap_key, pause_key
 from streams.io import Encoder, connected_producer, producer_conf
 
 
@@ -49,6 +49,13 @@ def pause(settings: Settings, target: str | None = None) -> None:
 def resume(settings: Settings, target: str | None = None) -> None:
     """Undo :func:`pause` (a tombstone: compaction then forgets the pause)."""
     _send(settings, pause_key(target), None)
+
+
+def end_held(settings: Settings) -> None:
+    """A one-off crawl's drain: the jobs a quarantine holds end as dead letters
+    ``quarantined`` (its own namespace only; a deployed fleet keeps waiting them out)."""
+    _send(settings, END_HELD, {"kind": "end_held", "target": None, "value": None,
+                               "text": None, "issued_by": _who()})
 
 
 def set_cap(settings: Settings, target: str, rate: float | None) -> None:

@@ -35,6 +35,12 @@ GLOBAL_PAUSE = "pause:*"
 BACKLOG_PREFIX = "backlog:parked:"
 
 
+#: A one-off crawl at its drain: fetch workers end the jobs a quarantine holds as dead
+#: letters ``quarantined`` instead of waiting ``quarantine_s`` out. Only ``crawl`` writes it,
+#: to its own namespace's control topic; a deployed fleet never gets it and keeps waiting.
+END_HELD = "drain:end-held"
+
+
 def pause_key(target: str | None) -> str:
     return GLOBAL_PAUSE if target is None else f"pause:target:{target}"
 
@@ -114,6 +120,7 @@ class ControlState:
     backlog: dict[str, int] = field(default_factory=dict)  # parked jobs per partition
     quarantines: dict[str, Quarantine] = field(default_factory=dict)  # by control key
     approved: set[str] = field(default_factory=set)  # version tuples (canonical strings)
+    end_held: bool = False  # END_HELD: jobs held by a quarantine end as dead letters
     version: int = 0  # bumped on every change of a setting, so readers can notice cheaply
 
     @property
@@ -137,6 +144,8 @@ class ControlState:
                 self.paused_targets.add(target)
             else:
                 self.paused_targets.discard(target)
+        elif key == END_HELD:
+            self.end_held = value is not None and value.get("kind") == "end_held"
         elif key.startswith(QUARANTINE_PREFIX):
             q = Quarantine.of(value) if value is not None else None
             if q is not None:

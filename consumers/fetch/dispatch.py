@@ -24,6 +24,7 @@ from consumers.fetch.classify import Signal
 from consumers.fetch.http import Fetcher, Identity
 from consumers.fetch.intake import Intake
 from consumers.fetch.outcomes import Result
+from consumers.fetch.quarantine_holds import QUARANTINED
 from consumers.fetch.robots import UNREACHABLE_RETRY_S
 from consumers.fetch.sitemap_fetch import packed, robots_outputs
 from consumers.fetch.targets import Targets
@@ -274,11 +275,29 @@ class Dispatcher:
         of every target) and every waiting job gets another chance."""
         self.recheck(time.monotonic(), self.targets.apply_control(state))
 
+    def end_held(self, now: float) -> None:
+        """A one-off crawl's drain: every job a quarantine holds ends as a dead letter
+        ``quarantined`` naming the quarantine and its end (quarantine_holds)."""
+        refill = set()
+        for pj in self.targets.take_held():
+            if not self.ledger.current(pj.tp, pj.epoch):
+                self.ledger.release(pj)
+                continue
+            res = self.rules.dead(pj, QUARANTINED, self.targets.hold_text(pj), 0, now)
+            self.status.metrics.dead_letter(res.reason)
+            self.status.add("quarantine_ended")
+            self.intake.finish(pj, res.outputs, res.seen)
+            refill.add(pj.target)
+        for target in refill:
+            self.intake.refill(target)
+
     def recheck(self, now: float, targets: list[str] | None = None) -> None:
         """Holds from the control state for ``targets`` (None: the ones a target
         quarantine holds or held), and waiting jobs queued again in order: each is placed
         anew at dispatch."""
         self.targets.recheck_holds(now, targets)
+        if self.targets.ending_held():
+            self.end_held(now)
         for target, jobs in self.targets.take_waiting().items():
             for pj in reversed(jobs):
                 if self.ledger.current(pj.tp, pj.epoch):

@@ -37,6 +37,7 @@ from consumers.fetch.http import Fetcher
 from consumers.fetch.intake import Intake
 from consumers.fetch.outcomes import OutcomeRules
 from consumers.fetch.parking import ParkedQueues
+from consumers.fetch.quarantine_holds import summary
 from consumers.fetch.seen import SeenStore
 from consumers.fetch.stores import FetchStores
 from consumers.fetch.targets import Targets
@@ -142,6 +143,15 @@ class _Session:
             lambda: self.policy.deferred_targets(time.monotonic())
         self.status.gauge_fns["egress_cooling"] = \
             lambda: len(self.policy.identities.health.cooling(time.monotonic()))
+        self.status.gauge_fns["quarantine_held"] = self._quarantine_held
+
+    def _quarantine_held(self) -> int:
+        """Jobs a quarantine holds (the gauge), and per target how many until when (the
+        note ``crawl`` and ``top`` show)."""
+        held = self.targets.held_by_quarantine()
+        self.status.notes["quarantine_held"] = summary(
+            held, self.targets.quarantines(), int(time.time() * 1000))
+        return sum(held.values())
 
     # --- SessionLogic: the runtime's questions, on the Kafka thread ------------------------
 

@@ -28,6 +28,7 @@ from consumers.fetch.http import Identity
 from consumers.fetch.identities import WAIT_RECHECK_S
 from consumers.fetch.pacer import Pacer
 from consumers.fetch.parking import ParkedQueues
+from consumers.fetch.quarantine_holds import describe, hold_of
 from consumers.fetch.robots import RobotsRules
 from consumers.fetch.robots_cache import RobotsCache
 from consumers.fetch.scheduler import TargetScheduler
@@ -35,7 +36,7 @@ from consumers.fetch.target_policy import Observed, TargetPolicy
 from core.config import Settings
 from core.profiles import EGRESS_META, unknown_profile
 from core.urls import origin_of
-from streams.control import ControlState
+from streams.control import ControlState, Quarantine
 from streams.ledger import Pending
 from streams.status import StatusFile
 
@@ -246,6 +247,42 @@ class Targets:
         egress = self.ids.egress.get(pj.egress)
         return Identity(profile.request_headers(), self.ids.jar(pj.target, pj.profile),
                         egress.proxy if egress is not None and egress.proxy else None)
+
+    # --- what a quarantine holds (consumers/fetch/quarantine_holds.py) --------------------
+
+    def held_by_quarantine(self) -> dict[str, int]:
+        """Jobs held by a quarantine, per target: waiting for an identity none holds, or
+        queued for a target quarantined as a whole."""
+        held = {target: n for target in self.ids.targets
+                if (n := self.ids.waiting(target))}
+        for target in self.quarantined:
+            held[target] = held.get(target, 0) + self.sched.queued(target)
+        return held
+
+    def quarantines(self) -> list[Quarantine]:
+        return list(self.control.quarantines.values()) if self.control is not None else []
+
+    def ending_held(self) -> bool:
+        """A one-off crawl's drain asked for the held jobs to end (END_HELD)."""
+        return self.control is not None and self.control.end_held
+
+    def take_held(self) -> list[Pending]:
+        """Every job a quarantine holds, removed: those waiting for an identity, and those
+        queued for a target quarantined as a whole."""
+        taken = [pj for jobs in self.take_waiting().values() for pj in jobs]
+        held_targets = set(self.quarantined)
+        if held_targets:
+            def keep(pj: Pending) -> bool:
+                if pj.target in held_targets:
+                    taken.append(pj)
+                    return False
+                return True
+            self.sched.drop(keep)
+        return taken
+
+    def hold_text(self, pj: Pending) -> str:
+        q = hold_of(self.quarantines(), pj.target, pj.job["profile"], int(time.time() * 1000))
+        return describe(q, pj.target)
 
     def take_waiting(self) -> dict[str, list[Pending]]:
         """Jobs that waited for an eligible identity, by target, to be placed again."""

@@ -18,6 +18,7 @@ Everything is refereed at the site (who asked, through which proxy, when) and in
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 
 import pytest
 from fleet_helpers import Proxy, query, store_ready, wait_until
+from fleet_helpers import report as fault_report
 
 from core.config import Settings
 from crawlfleet.crawl import Fleet
@@ -36,6 +38,10 @@ pytestmark = pytest.mark.integration
 
 CAP = 5.0
 BLOCKS = 2  # the configured N: "2 blocks within 10 min" (the default is 3)
+#: README's promise: fetch workers apply a quarantine within 5 s of the block that triggered
+#: it; what the identity sent meanwhile (in flight, or before the record reached the worker:
+#: at most the target's cap for those seconds) may still be refused. Seen here: 1.3 s.
+APPLY_S = 5.0
 
 
 def _ua(name: str) -> str:
@@ -58,13 +64,14 @@ def _stored(s: Settings, host: str) -> int:
     return int(query(s, f"SELECT count() FROM pages FINAL WHERE target = '{host}'")[0][0])
 
 
-def _quarantines(s: Settings, host: str) -> list[tuple[str, str, int, str, float]]:
-    """(scope, name, second_order, reason, at as Unix s) of every quarantine of ``host``."""
+def _quarantines(s: Settings, host: str) -> list[tuple[str, str, int, str, float, int]]:
+    """(scope, name, second_order, reason, at as Unix s, blocks counted) of every quarantine
+    of ``host``."""
     if not store_ready(s):
         return []
-    rows = query(s, "SELECT scope, name, second_order, reason, toFloat64(at) FROM quarantines "
-                    f"FINAL WHERE target = '{host}' ORDER BY at")
-    return [(str(a), str(b), int(c), str(d), float(e)) for a, b, c, d, e in rows]
+    rows = query(s, "SELECT scope, name, second_order, reason, toFloat64(at), blocks FROM "
+                    f"quarantines FINAL WHERE target = '{host}' ORDER BY at")
+    return [(str(a), str(b), int(c), str(d), float(e), int(f)) for a, b, c, d, e, f in rows]
 
 
 def _wall(site_t: float) -> float:
@@ -103,14 +110,20 @@ def test_a_banned_profile_is_quarantined_for_its_target_alone_and_the_target_nev
     assert [(q[0], q[1]) for q in q_bans] == [("profile", "beta")], q_bans
     assert q_fine == []
     assert q_bans[0][2] == 0 and "block" in q_bans[0][3]  # a first-order retirement, a reason
-    # It triggered at exactly N blocks: N of beta's requests were refused before it, and
-    # after it was applied (a few seconds of grace) beta asked nothing more.
+    # It triggered at exactly N blocks (the app's count), and the worker applied it within
+    # APPLY_S: beta asked nothing after that, and no more than N plus what it could send
+    # meanwhile at the target's cap (requests in flight when the block came back included).
+    assert q_bans[0][5] == BLOCKS, q_bans
     q_at = q_bans[0][4] + 0.001  # stored in whole milliseconds: the block's own, truncated
     beta = [r for r in seen if r.host == bans and r.agent == "betabot" and r.path != "/robots.txt"]
     assert all(r.status == 403 for r in beta)
-    assert sum(1 for r in beta if _wall(r.at) <= q_at) == BLOCKS, [(_wall(r.at), q_at)
+    assert sum(1 for r in beta if _wall(r.at) <= q_at) >= BLOCKS, beta
+    assert not [r for r in beta if _wall(r.at) > q_at + APPLY_S], [(_wall(r.at), q_at)
                                                                     for r in beta]
-    assert not [r for r in beta if _wall(r.at) > q_at + 5.0]
+    assert len(beta) <= BLOCKS + math.ceil(CAP * APPLY_S), len(beta)
+    fault_report("quarantine_apply", beta_requests=len(beta), blocks=BLOCKS,
+           after_trigger=sum(1 for r in beta if _wall(r.at) > q_at),
+           last_after_trigger_s=round(max(_wall(r.at) for r in beta) - q_at, 3))
     # Telemetry carries the reason of every refused request; the others went on, never blocked.
     assert {(str(o), str(r)) for o, r, _ in beta_events} == {("blocked", "http_403")}, beta_events
     # (gamma may never be asked at all: once the target has refused beta, only identities it
@@ -136,7 +149,7 @@ def test_a_banned_profile_is_quarantined_for_its_target_alone_and_the_target_nev
     profiles_out = [q for q in q_walls if q[0] == "profile"]
     assert len(profiles_out) < 3, q_walls  # the target pause came before the last profile
     paused_at = next(q[4] for q in q_walls if q[0] == "target")
-    assert not [r for r in walled if _wall(r.at) > paused_at + 5.0]  # paused: no more asking
+    assert not [r for r in walled if _wall(r.at) > paused_at + APPLY_S]  # paused: no asking
 
 
 @pytest.fixture
@@ -177,7 +190,8 @@ def test_a_banned_egress_is_quarantined_for_its_target_only(
     q_at = q_bans[0][4]
     to_bans = [r for r in seen if r.host == bans and r.path != "/robots.txt"]
     assert {r.egress for r in to_bans} == {"px1", "px2"}  # every request went by a proxy
-    assert not [r for r in to_bans if r.egress == "px2" and _wall(r.at) > q_at + 5.0]
-    assert [r for r in to_bans if r.egress == "px1" and _wall(r.at) > q_at + 5.0]
+    assert not [r for r in to_bans if r.egress == "px2" and _wall(r.at) > q_at + APPLY_S]
+    assert [r for r in to_bans if r.egress == "px1" and _wall(r.at) > q_at + APPLY_S]
     # The other target still goes through px2 after the quarantine: it is not px2's problem.
-    assert [r for r in seen if r.host == slow and r.egress == "px2" and _wall(r.at) > q_at + 5.0]
+    assert [r for r in seen
+            if r.host == slow and r.egress == "px2" and _wall(r.at) > q_at + APPLY_S]
