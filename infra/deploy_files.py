@@ -29,8 +29,9 @@ DEPLOY = Path(__file__).resolve().parent / "deploy"
 TEMPLATE = DEPLOY / "stage.yaml.tpl"
 COMPOSE = DEPLOY / "compose.yaml"
 SIZES = DEPLOY / "sizes.json"
-#: k8s files written by hand (shared settings, the one-shot topics job), not per stage.
-HAND_WRITTEN = ("config.yaml", "topics.yaml")
+#: k8s files written by hand (shared settings, the one-shot topics and schema jobs), not per
+#: stage.
+HAND_WRITTEN = ("config.yaml", "topics.yaml", "schema.yaml")
 BEGIN = "  # stages: written from the stage registry by `python -m infra.deploy_files`\n"
 END = "# end of stages\n"
 VOLUMES_BEGIN = "  # worker state volumes: written by `python -m infra.deploy_files`\n"

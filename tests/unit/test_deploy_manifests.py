@@ -150,7 +150,7 @@ def test_the_stage_files_are_the_ones_the_registry_writes() -> None:
     template; a stage added without `python -m infra.deploy_files` fails here."""
     assert WRITTEN_TO == DEPLOY
     assert stale() == []
-    assert {p.stem for p in K8S} == {*every_stage(), "config", "topics"}
+    assert {p.stem for p in K8S} == {*every_stage(), "config", "topics", "schema"}
 
 
 def test_a_stage_added_to_the_registry_makes_the_files_stale() -> None:
@@ -299,3 +299,16 @@ def test_sizes_are_the_plans_at_the_stated_scale() -> None:
     fetch_gb = (p.seen_gb + p.parked_gb) / p.workers["fetch"]
     assert gib(stage_size("fetch").disk) * 2**30 / 1e9 >= fetch_gb
     assert gib(stage_size("retry").disk) * 2**30 / 1e9 >= p.timers_gb / p.workers["retry"]
+
+
+def test_the_schema_job_applies_the_cluster_schema_for_the_store_replicas() -> None:
+    """The ConfigMap names a ClickHouse cluster, whose store workers never run DDL: the
+    schema Job applies it, its deduplication window sized for the store's replicas."""
+    (job,) = yaml.safe_load_all((DEPLOY / "k8s" / "schema.yaml").read_text())
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:2] == ["schema", "--apply"]
+    store = next(d for d in yaml.safe_load_all((DEPLOY / "k8s" / "store.yaml").read_text())
+                 if d and d["kind"] == "StatefulSet")
+    assert int(args[args.index("--store-workers") + 1]) == store["spec"]["replicas"]
+    config = next(yaml.safe_load_all((DEPLOY / "k8s" / "config.yaml").read_text()))
+    assert config["data"]["CRAWLFLEET_CLICKHOUSE_CLUSTER"]
