@@ -179,6 +179,25 @@ def combine(shapes: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def summary(costs: dict[str, Any]) -> list[str]:
+    """The figures, one line per shape and one for the plan's (the highest of each)."""
+    out = []
+    for name, r in [*costs["shapes"].items(), ("the plan", costs)]:
+        cpu = " ".join(f"{k} {v * 1e3:.3f}" for k, v in r["cpu_s_per_page"].items())
+        wire = r["wire_bytes_per_page"]
+        out.append(f"{name}: CPU ms/page {cpu}; wire in/out {wire['in']:,.0f} / "
+                   f"{wire['out']:,.0f} B/page; ClickHouse compressed "
+                   f"{r['store_bytes_per_page']:,.0f} B/page; seen {r['seen_bytes_per_key']:.1f}"
+                   " B/key on disk")
+    held = costs["held"]
+    out.append(f"held: {held['parked_per_page']:.3f} parked/page, "
+               f"{held['parked_disk_bytes_per_key']:.0f} B/key on disk, "
+               f"{held['parked_bytes_per_record']:.0f} B/record; {held['timers_per_page']:.3f} "
+               f"timers/page, {held['timer_bytes_per_record']:.0f} B/record")
+    out.append(f"measured: {costs['measured']['machine']}")
+    return out
+
+
 def _shapes_arg(text: str) -> list[tuple[str, float]]:
     out = []
     for item in text.split(","):
@@ -219,8 +238,9 @@ def main(argv: list[str] | None = None) -> int:
                    "end): CPU seconds per page are less sensitive to that than wall time, "
                    "not immune (cache, frequency); crawl_seconds are not a pace"}
     text = json.dumps(costs, indent=2, sort_keys=True)
-    print(text)
     args.out.write_text(text + "\n")
+    for line in summary(costs):
+        print(line)
     print(f"written to {args.out}")
     return 0
 
