@@ -107,7 +107,8 @@ def sizes(costs: Costs) -> dict[str, Any]:
                    f"{UNPLANNED_CPU}",
             "memory": "not in the plan (it has no memory figure): fetch from the hostile "
                       "test's ~5.6 KB per target at max_target_state 10,000 plus max_buffered "
-                      "jobs",
+                      "jobs; memory, lag_per_replica and compose_replicas are kept as this "
+                      "table has them (edit them here), every other figure is written",
             "disk": f"fetch: (dedupe {p.seen_gb:,.1f} GB + parked {p.parked_gb:,.1f} GB) / "
                     f"{p.workers['fetch']} workers = {fetch_gb:,.1f} GB, x{DISK_SLACK:g} for "
                     f"RocksDB compaction; retry: timers {p.timers_gb:,.2f} GB; the others keep "

@@ -32,8 +32,9 @@ def test_a_figure_edited_by_hand_is_drift(tmp_path: Path,
     monkeypatch.setattr(deploy_files, "SIZES", sizes)
     assert sizing.stale() == []
     text = sizes.read_text()
-    assert '"disk": "53Gi"' in text  # fetch's share of the dedupe and parked state
-    sizes.write_text(text.replace('"disk": "53Gi"', '"disk": "10Gi"'))
+    disk = json.loads(text)["stages"]["fetch"]["disk"]  # its share of dedupe + parked state
+    assert disk != "10Gi"
+    sizes.write_text(text.replace(f'"disk": "{disk}"', '"disk": "10Gi"', 1))
     assert sizing.stale() == [sizes]
     shutil.copy(committed, sizes)
     body = scaling.read_text()
