@@ -167,6 +167,15 @@ def costs_section(costs: Costs, data: dict[str, Any]) -> str:
                lambda v: f"{v:,.1f} B", costs.seen_bytes_per_key)
     out += row("page body", lambda r: r["page_bytes"], lambda v: f"{v:,.0f} B",
                costs.page_bytes)
+    for n in names:
+        runs = shapes[n].get("runs", [])
+        if len(runs) > 1:
+            each = "; ".join(
+                f"load {r['load_average']:.1f}, {r['crawl_seconds']:.0f} s: " + ", ".join(
+                    f"{k} {v * 1e3:.2f}" for k, v in sorted(r["cpu_s_per_page"].items()))
+                for r in runs)
+            out += (f"\n{n}, CPU ms per page run by run (the table has the highest; a longer "
+                    f"crawl on a crowded machine costs more per page): {each}.\n")
     held = data.get("held", {})
     hm = held.get("measured", {})
     out += (f"\nHeld work ({hm.get('shape', '?')}, capped at {hm.get('cap', '?')} req/s, "
