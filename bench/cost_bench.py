@@ -249,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     costs["measured"] = {
         "at": datetime.now(UTC).isoformat(timespec="seconds"), "commit": _git_commit(),
         "shapes": list(shapes), "pages": sum(r["pages"] for r in shapes.values()),
+        "rounds": args.repeat,  # each shape crawled this many times, "pages" in each
         "settings": "defaults (uncapped: rate_cap 100000, scope seeds), 1 broker, chDB",
         "figures": "each the highest over the shapes",
         "machine": f"{os.cpu_count()} cores shared with other engineers' test runs (load "

@@ -187,8 +187,10 @@ def costs_section(costs: Costs, data: dict[str, Any]) -> str:
             f"{costs.timer_bytes_per_record:,.0f} B each (the timers' store held "
             f"{hm.get('timers_live_at_peak', '?')} keys at most: its on-disk size is "
             "RocksDB's fixed files, so the plan sizes timers by their records).\n")
+    rounds = max((len(shapes[n].get("runs", [])) for n in names), default=1) or 1
     out += (f"\nMeasured on {m.get('commit', '?')} at {m.get('at', '?')}, "
-            f"{m.get('pages', '?')} pages over the shapes; {m.get('figures', '')}. "
+            f"{m.get('pages', '?')} pages over the shapes in each of {rounds} rounds; "
+            f"{m.get('figures', '')}. "
             f"{m.get('machine', '')}.\n")
     return out
 
