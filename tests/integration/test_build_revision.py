@@ -82,3 +82,21 @@ def test_build_revision_can_be_given_where_the_tree_has_no_git(tmp_path: Path) -
     got = _run(site, "-c", "from core.versions import detected_revision; "
                "print(detected_revision())")
     assert got == "image-build-7"
+
+
+def test_installed_plan_reads_the_costs_the_wheel_carries(built: Path) -> None:
+    """Issue 42 point 4: ``crawlfleet plan`` from an installed package, no checkout beside
+    it (before, the costs file was looked up next to the source tree and the command failed)."""
+    import json
+
+    where = _run(built, "-c", "from crawlfleet.plan import COSTS; print(COSTS)")
+    assert where.startswith(str(built)) and (built / "infra" / "costs.json").is_file()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRAWLFLEET_")}
+    env |= {"PYTHONPATH": str(built), "COLUMNS": "400"}
+    out = subprocess.run([sys.executable, "-m", "crawlfleet.cli", "plan", "--pages-per-day",
+                          "1e9", "--targets", "10000000"], capture_output=True, text=True,
+                         env=env, cwd=built.parent, timeout=120, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    measured = json.loads((REPO / "infra" / "costs.json").read_text())["measured"]
+    assert "11,574" in out.stdout and measured["commit"] in out.stdout
+    assert "binds first" in out.stdout and "margin of the others" in out.stdout

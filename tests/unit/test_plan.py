@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -108,3 +109,49 @@ def test_the_committed_costs_were_measured_and_load() -> None:
     assert costs.measured["pages"] >= 1_000 and costs.measured["commit"] != "unknown"
     assert all(costs.cpu_s[st] > 0 for st in ("fetch", "parse", "store", "broker"))
     assert costs.parked_bytes_per_record > 0 and costs.timer_bytes_per_record > 0
+
+
+def test_binds_first_names_the_kind_and_the_others_margins() -> None:
+    p = plan(1e9, 10_000_000, 2.0, COSTS)
+    # fetch CPU 96% is the highest load: CPU binds first
+    assert p.binds_first == "CPU"
+    margins = p.margins()
+    assert set(margins) == {"CPU", "broker", "store", "disk", "network", "politeness"}
+    # broker disk writes 564.6 / 600 = 94%: 1 / 0.941 - 1 = 6% more before it binds
+    assert margins["broker"] == (pytest.approx(600 / 564.58 - 1, rel=1e-3),
+                                 "broker disk writes")
+    assert next(iter(margins)) == "CPU"  # nearest its limit first
+    assert all(a[0] <= b[0] for a, b in zip(list(margins.values()),
+                                            list(margins.values())[1:], strict=False))
+
+
+def test_brokers_are_sized_to_their_cpu_and_fetch_workers_to_their_disk() -> None:
+    cpu_heavy = dataclasses.replace(COSTS, cpu_s={**COSTS.cpu_s, "broker": 0.002})
+    p = plan(1e9, 10_000_000, 2.0, cpu_heavy)
+    # 11,574 pages/s x 0.002 s x 3 replicas = 69.4 cores over 4 per broker -> 18 brokers
+    assert p.brokers == 18 and p.binds_first == "broker"
+    # 100 GB disks: 280 GB dedupe + 100 GB parked = 380 GB -> 4 workers; at 10 GB, 38
+    small_disk = plan(1e9, 10_000_000, 2.0, COSTS, NodeLimits(worker_disk_gb=10.0))
+    assert small_disk.workers["fetch"] == 38
+    assert small_disk.loads["fetch workers' state disk"] == pytest.approx(380 / 380)
+
+
+def test_the_wire_follows_the_measured_ratio_of_consumed_to_produced() -> None:
+    wired = dataclasses.replace(COSTS, wire_in=16_260.0, wire_out=32_520.0)
+    p = plan(1e9, 10_000_000, 2.0, wired)
+    produced = 11_574.07 * 16_260 / 1e6  # 188.2 MB/s
+    assert p.network_mb_s[0] == pytest.approx(3 * produced, rel=1e-4)
+    assert p.network_mb_s[1] == pytest.approx(2 * produced + 2 * produced, rel=1e-4)
+
+
+def test_the_costs_ship_inside_the_package() -> None:
+    """``crawlfleet plan`` reads them through importlib.resources: package data, not a
+    path beside the checkout."""
+    import tomllib
+    from importlib.resources.abc import Traversable
+
+    from crawlfleet import plan as plan_mod
+    assert isinstance(plan_mod.COSTS, Traversable) and plan_mod.COSTS.name == "costs.json"
+    root = Path(__file__).resolve().parents[2]
+    data = tomllib.loads((root / "pyproject.toml").read_text())
+    assert "costs.json" in data["tool"]["setuptools"]["package-data"]["infra"]
