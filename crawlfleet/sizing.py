@@ -33,6 +33,8 @@ SCALING = deploy_files.DEPLOY.parent / "SCALING.md"
 #: The shared settings' ConfigMap (otherwise written by hand): its partition count is the plan's.
 CONFIG = deploy_files.DEPLOY / "k8s" / "config.yaml"
 _PARTITIONS = re.compile(r'^  CRAWLFLEET_PARTITIONS: .*$', re.M)
+SCHEMA_JOB = deploy_files.DEPLOY / "k8s" / "schema.yaml"
+_STORE_WORKERS = re.compile(r'"--store-workers", "\d+"')
 #: The stated scale: pages a day, targets, requests/s per target.
 SCALE = (1e9, 10_000_000, 2.0)
 BIG_PAGES = 60_000.0  # the second column of SCALING.md's plan
@@ -262,13 +264,23 @@ def config_text(costs: Costs, current: str) -> str:
     return _PARTITIONS.sub(line, current, count=1)
 
 
+def schema_job_text(costs: Costs, current: str) -> str:
+    """The schema Job with the store's replicas (its deduplication window is sized for
+    them)."""
+    if not _STORE_WORKERS.search(current):
+        raise ValueError(f"{SCHEMA_JOB} passes no --store-workers")
+    n = sizes(costs)["stages"]["store"]["replicas"]
+    return _STORE_WORKERS.sub(f'"--store-workers", "{n}"', current, count=1)
+
+
 def expected() -> dict[Path, str]:
-    """sizes.json, SCALING.md and the ConfigMap as the costs write them."""
+    """sizes.json, SCALING.md, the ConfigMap and the schema Job as the costs write them."""
     costs = Costs.load(costs_path())
     data = json.loads(costs_path().read_text())
     return {deploy_files.SIZES: sizes_text(costs),
             SCALING: scaling_text(costs, data, SCALING.read_text()),
-            CONFIG: config_text(costs, CONFIG.read_text())}
+            CONFIG: config_text(costs, CONFIG.read_text()),
+            SCHEMA_JOB: schema_job_text(costs, SCHEMA_JOB.read_text())}
 
 
 def costs_path() -> Path:
