@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 def _event(n: int) -> tuple[object, ...]:
     return (f"t:0:{n}", datetime(2026, 11, 29, tzinfo=UTC), f"http://h/{n}", "h", "default", 0,
-            200, "ok", "", 3, 100, "fetch-0", "f1", "aiohttp", "tls", "1", "rev")
+            200, "ok", "", 3, 100, "fetch-0", "f1", "aiohttp", "tls", "1", "rev", "direct")
 
 
 def test_reused_insert_context_keeps_each_batchs_dedupe_token(tmp_path: Path) -> None:
