@@ -430,9 +430,10 @@ class StoreStage(SinkStage):
             if i == 0 and faults.fails("store_unavailable"):
                 raise StoreUnavailableError("fault injection: the server took the batch's "
                                             "first table, then no more")
-        if self.warc is not None:  # on disk before the offsets move
+        if self.warc is not None and self._archive:  # on disk before the offsets move
             self.status.add("warc_bytes", self.warc.write(self._archive))
             self.status.add("warc_pages", len(self._archive))
+            faults.point("after_warc")
         faults.point("after_insert")
         self._store_answers()
         return {tp: b + 1 for tp, (_, b) in ranges.items()}

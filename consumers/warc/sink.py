@@ -76,7 +76,11 @@ class WarcSink:
             tp = (topic, partition)
             if offset < self._next.get(tp, -1) or tp not in self._next:
                 self._finish(tp)
-                self.records_cut += cut(self.directory, topic, partition, offset)
+                removed = cut(self.directory, topic, partition, offset)
+                self.records_cut += removed
+                if removed:
+                    log.info("warc: %s:%d written again from offset %d: %d records past the "
+                             "last commit removed first", topic, partition, offset, removed)
             data = page_records(page, f"{topic}:{partition}:{offset}")
             opened = self._file(tp, offset, page)
             opened.f.write(data)
