@@ -36,15 +36,20 @@ class PageCapture(TypedDict):
 
 
 def page_fields(result: FetchResult, keep_body: bool) -> PageCapture:
-    """The ParsedPage v7 fields of a fetched page."""
+    """The ParsedPage v7 fields of a fetched page: none unless the store archives it
+    (``keep_body``), so a crawl without WARC output carries nothing more than before."""
     body = result["body"]
+    if not keep_body:
+        return {"status_line": "", "response_headers": [], "request_method": "",
+                "request_url": "", "request_headers": [], "body_z": b"", "payload_digest": "",
+                "last_capture": {}}
     return {"status_line": result.get("status_line", ""),
             "response_headers": result.get("response_headers") or [],
             "request_method": result.get("request_method", ""),
             "request_url": result.get("request_url", ""),
             "request_headers": result.get("request_headers") or [],
-            "body_z": zlib.compress(body, BODY_LEVEL) if keep_body and body else b"",
-            "payload_digest": payload_digest(body) if keep_body and body else "",
+            "body_z": zlib.compress(body, BODY_LEVEL) if body else b"",
+            "payload_digest": payload_digest(body) if body else "",
             "last_capture": last_capture(result["job"].get("validators"))}
 
 

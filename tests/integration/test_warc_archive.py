@@ -50,6 +50,7 @@ def _archive(d: Path) -> list[dict[str, Any]]:
                             "profile": h.get_header("WARC-Profile"),
                             "refers_to": h.get_header("WARC-Refers-To"),
                             "concurrent_to": h.get_header("WARC-Concurrent-To"),
+                            "http": r.http_headers,
                             "body": r.content_stream().read()})
     return out
 
@@ -118,6 +119,10 @@ def test_every_visit_is_archived_once_across_a_store_kill(
     # archive; every page of ``pages`` has its response
     requests = [r for r in records if r["type"] == "request"]
     assert sorted(r["concurrent_to"] for r in requests) == sorted(captures)
+    sent = {h.get_header("User-Agent") for h in (r["http"] for r in requests)}
+    assert sent == {s.user_agent}  # the headers as sent, the session's own among them
+    conditional = [r["http"].get_header("If-None-Match") for r in requests]
+    assert any(conditional)  # a revisit's request shows what it asked
     responses = {i: c for i, c in captures.items() if c["type"] == "response"}
     for c in captures.values():
         if c["type"] == "revisit":

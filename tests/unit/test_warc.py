@@ -211,3 +211,62 @@ def test_warc_settings_are_checked(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     with pytest.raises(ConfigError, match="directory"):
         Settings(warc_dir=str(tmp_path / "f"))
+
+
+class _Gate:
+    def add(self, n: int) -> None:
+        pass
+
+
+def _parsed(warc_dir: str, job_validators: dict[str, str], body: bytes, visit: int = 0
+            ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The page and the next visit's job the parse stage makes of one fetch result."""
+    from consumers.parse import ParseStage, RecentSet
+    from core.config import load_settings
+    from core.revisits import RevisitPolicies
+    from infra.topics import topology_of
+    from schemas.records import CrawlJob, ParsedPage
+    from streams.io import Encoder
+    s = load_settings(topic_prefix="u.", partitions=4, warc_dir=warc_dir)
+    stage = object.__new__(ParseStage)  # its parsing alone: no consumer, no gate thread
+    stage.settings, stage.topology = s, topology_of(s)
+    stage.encoder, stage.worker = Encoder(stage.topology, "p1"), "p1"
+    stage._recent, stage._allowed, stage._gate = RecentSet(), frozenset(), _Gate()  # type: ignore[assignment]
+    stage._revisits = RevisitPolicies("every 1h", {})
+    stage.status = type("S", (), {"add": lambda *a: None})()  # type: ignore[assignment]
+    url = "http://a.test/page"
+    job = {"url": url, "target": "a.test", "profile": "default", "depth": 0, "attempt": 0,
+           "parent_url": None, "last_error": None, "priority": 0, "meta": {}, "delay_ms": 0,
+           "pinned": True, "kind": "page", "visit": visit, "validators": job_validators}
+    exchange = {k: v for k, v in page(0).items() if k in (
+        "status_line", "response_headers", "request_method", "request_url", "request_headers")}
+    result = {"job": job, "final_url": url, "status": 200, "content_type": "text/html",
+              "body": body, "fetched_at_ms": TS_MS, "elapsed_ms": 5, "redirects": [],
+              "worker": "f1", "profile_bundle_version": "", "http_version": "",
+              "tls_version": "", "code_revision": "", "outcome": "ok", "reason": "",
+              "attempt_ms": 5, "fetcher_version": "", "validators": {}, **exchange}
+    outs = stage._outputs(result)  # type: ignore[arg-type]
+    codec = stage.encoder.codec
+    parsed = codec.decode_as(ParsedPage, outs[0].value, outs[0].headers)
+    jobs = [codec.decode_as(CrawlJob, o.value, o.headers) for o in outs[1:]]
+    return dict(parsed), [dict(j) for j in jobs]
+
+
+def test_parse_carries_the_body_and_the_capture_only_when_archiving(tmp_path: Path) -> None:
+    body = b"<html><p>words</p></html>"
+    off, [nxt_off] = _parsed("", {}, body)
+    assert not off["body_z"] and not off["payload_digest"] and not off["request_headers"]
+    assert not any(k.startswith("warc_") for k in nxt_off["validators"])
+    on, [nxt] = _parsed(str(tmp_path), {}, body)
+    assert zlib.decompress(on["body_z"]) == body
+    assert on["payload_digest"] == payload_digest(body)
+    assert on["request_headers"] == page(0)["request_headers"]
+    ref = last_capture(nxt["validators"])
+    assert ref == {"id": record_id(on["dedupe_key"], 0, RESPONSE), "uri": on["url"],
+                   "date": "2023-11-14T22:13:20Z", "digest": payload_digest(body)}
+    # the next visit, the same bytes: a revisit of that response, which it hands on
+    again, [third] = _parsed(str(tmp_path), nxt["validators"], body, visit=1)
+    assert again["last_capture"] == ref
+    assert last_capture(third["validators"]) == ref
+    [(rtype, rh, _h, _b), _] = records(page_records(again, "t:0:5"))  # type: ignore[arg-type]
+    assert (rtype, rh["WARC-Refers-To"]) == ("revisit", ref["id"])
