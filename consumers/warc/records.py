@@ -45,8 +45,23 @@ _WIRE_HEADERS = ("content-encoding", "transfer-encoding", "content-length")
 _ORIG = "X-Crawlfleet-Orig-"
 
 
+#: gzip level of a record's member: warcio's own is 9; zlib's default 6 took a 12 KB page's
+#: records from 3.0 ms to 1.0 ms (measured), 1% larger.
+GZIP_LEVEL = 6
+
+
 def _writer(out: io.BytesIO) -> WARCWriter:
-    return WARCWriter(out, gzip=True, warc_version="1.0")
+    return WARCWriter(out, gzip=False, warc_version="1.0")
+
+
+def _member(writer: WARCWriter, record: ArcWarcRecord) -> bytes:
+    """One record as its own gzip member (zlib writes no time into the header)."""
+    out: io.BytesIO = writer.out
+    out.seek(0)
+    out.truncate()
+    writer.write_record(record)
+    z = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, zlib.MAX_WBITS + 16)
+    return z.compress(out.getvalue()) + z.flush()
 
 
 def _pairs(headers: Any) -> list[tuple[str, str]]:
@@ -115,14 +130,14 @@ def page_records(page: ParsedPage, source: str) -> bytes:
             fields["WARC-Payload-Digest"] = page["payload_digest"]
         main = writer.create_warc_record(uri, "revisit", http_headers=response_headers(page, 0),
                                          warc_headers_dict=fields)
-    writer.write_record(main)
+    members = [_member(writer, main)]
     request = request_headers(page)
     if request is not None:
-        writer.write_record(writer.create_warc_record(
+        members.append(_member(writer, writer.create_warc_record(
             uri, "request", http_headers=request,
             warc_headers_dict={**common, "WARC-Record-ID": record_id(key, visit, "request"),
-                               "WARC-Concurrent-To": main_id}))
-    return out.getvalue()
+                               "WARC-Concurrent-To": main_id})))
+    return b"".join(members)
 
 
 def warcinfo(file_key: str, date: str) -> bytes:
@@ -135,5 +150,4 @@ def warcinfo(file_key: str, date: str) -> bytes:
         warc_content_type="application/warc-fields",
         warc_headers_dict={"WARC-Record-ID": record_id(file_key, 0, "warcinfo"),
                            "WARC-Date": date})
-    writer.write_record(record)
-    return out.getvalue()
+    return _member(writer, record)
