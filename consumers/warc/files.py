@@ -11,6 +11,12 @@ record names its own (``Crawlfleet-Source``). :func:`cut` makes a partition's fi
 only pages before an offset: files that start at or past it are removed, a file that runs
 past it is truncated at the first record at or past it (a torn record at its end -- a
 write cut short by a kill -- goes too) and finished under the name of what it keeps.
+
+Finding that record means inflating the file up to it (gzip members carry no length): ~56
+MB/s, 19 s for a 1 GiB file. A file being written has a hint beside it
+(``{topic}+{partition}+{first}+{worker}.warc.idx``: each page's input offset and byte
+position), from which a cut inflates only the tail; the hint is checked against the member
+it names, and a hint that does not match (or is missing) means a scan from the start.
 """
 
 from __future__ import annotations
@@ -51,6 +57,10 @@ class WarcName:
         """The file's identity while it is written (its warcinfo record's id)."""
         return f"{self.topic}+{self.partition}+{self.first}+{self.worker}"
 
+    @property
+    def hint_name(self) -> str:
+        return f"{self.key}.warc.idx"
+
     def finished(self, last: int) -> WarcName:
         return WarcName(self.topic, self.partition, self.first, self.worker, last)
 
@@ -79,11 +89,12 @@ def partition_files(directory: Path, topic: str, partition: int) -> list[tuple[P
     return sorted(out, key=lambda f: (f[1].first, f[1].worker))
 
 
-def members(path: Path) -> Iterator[tuple[int, int, int | None]]:
-    """Each complete gzip member of a file: (start, end, source offset of its record or
-    None). Stops at the first member that is torn or corrupt."""
+def members(path: Path, start: int = 0) -> Iterator[tuple[int, int, int | None]]:
+    """Each complete gzip member of a file from byte ``start``: (start, end, source offset
+    of its record or None). Stops at the first member that is torn or corrupt."""
     with path.open("rb") as f:
-        pos, buf = 0, b""
+        f.seek(start)
+        pos, buf = start, b""
         while True:
             start, head, d = pos, b"", zlib.decompressobj(31)
             while not d.eof:
@@ -121,12 +132,14 @@ def cut(directory: Path, topic: str, partition: int, offset: int) -> int:
         if name.first >= offset:
             removed += sum(1 for _, _, src in members(path) if src is not None)
             path.unlink()
+            (directory / name.hint_name).unlink(missing_ok=True)
             continue
         if name.last is not None and name.last < offset:
             continue
         # records are in offset order: keep those before the first at or past the cut
-        keep_end, last, size, past = 0, None, path.stat().st_size, False
-        for _start, end, src in members(path):
+        size, past = path.stat().st_size, False
+        keep_end, last = resume_point(path, name, offset)
+        for _start, end, src in members(path, keep_end):
             past = past or (src is not None and src >= offset)
             if past:
                 removed += 1
@@ -137,6 +150,7 @@ def cut(directory: Path, topic: str, partition: int, offset: int) -> int:
                 f.truncate(keep_end)
                 f.flush()
                 os.fsync(f.fileno())
+        (directory / name.hint_name).unlink(missing_ok=True)
         if last is None:
             path.unlink()
         else:
@@ -145,6 +159,26 @@ def cut(directory: Path, topic: str, partition: int, offset: int) -> int:
                 path.rename(final)
     fsync_dir(directory)
     return removed
+
+
+def resume_point(path: Path, name: WarcName, offset: int) -> tuple[int, int | None]:
+    """Where a cut at ``offset`` may start reading the file, and the last page before that
+    point: from the hint, the position of the last hinted page before the cut (checked: a
+    member of that page starts there); else the file's start."""
+    hinted: list[tuple[int, int]] = []
+    with contextlib.suppress(OSError, ValueError):
+        text = (path.parent / name.hint_name).read_text()
+        hinted = [(int(a), int(b)) for a, b in (line.split() for line in text.splitlines()
+                                                 if line.count(" ") == 1)]
+    before = [(o, p) for o, p in hinted if o < offset]
+    if not before:
+        return 0, None
+    page, position = max(before)
+    first = next(members(path, position), None)
+    if first is None or first[0] != position or first[2] != page:
+        return 0, None  # a stale or torn hint: read it all
+    earlier = [o for o, _ in before if o < page]
+    return position, max(earlier) if earlier else None
 
 
 def fsync_dir(directory: Path) -> None:

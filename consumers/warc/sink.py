@@ -53,6 +53,7 @@ class _Open:
     f: BinaryIO
     size: int
     last: int
+    hint: list[str]  # "offset position" of the pages appended since the last sync
 
 
 class WarcSink:
@@ -83,6 +84,7 @@ class WarcSink:
                              "last commit removed first", topic, partition, offset, removed)
             data = page_records(page, f"{topic}:{partition}:{offset}")
             opened = self._file(tp, offset, page)
+            opened.hint.append(f"{offset} {opened.size}\n")
             opened.f.write(data)
             opened.size += len(data)
             opened.last = offset
@@ -115,13 +117,18 @@ class WarcSink:
         head = warcinfo(name.key, warc_date(page["fetched_at_ms"]))
         f.write(head)
         fsync_dir(self.directory)
-        opened = _Open(name, path, f, len(head), offset)
+        (self.directory / name.hint_name).unlink(missing_ok=True)
+        opened = _Open(name, path, f, len(head), offset, [])
         self._open[tp] = opened
         return opened
 
     def _sync(self, opened: _Open) -> None:
         opened.f.flush()
         os.fsync(opened.f.fileno())
+        if opened.hint:  # a hint only (files.resume_point checks it): never fsynced
+            with (self.directory / opened.name.hint_name).open("a") as h:
+                h.writelines(opened.hint)
+            opened.hint.clear()
 
     def _finish(self, tp: tuple[str, int]) -> None:
         opened = self._open.pop(tp, None)
@@ -131,3 +138,4 @@ class WarcSink:
         opened.f.close()
         opened.path.rename(self.directory / opened.name.finished(opened.last).file_name)
         fsync_dir(self.directory)
+        (self.directory / opened.name.hint_name).unlink(missing_ok=True)

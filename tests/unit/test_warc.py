@@ -270,3 +270,25 @@ def test_parse_carries_the_body_and_the_capture_only_when_archiving(tmp_path: Pa
     assert last_capture(third["validators"]) == ref
     [(rtype, rh, _h, _b), _] = records(page_records(again, "t:0:5"))  # type: ignore[arg-type]
     assert (rtype, rh["WARC-Refers-To"]) == ("revisit", ref["id"])
+
+
+@pytest.mark.parametrize("hint", ["kept", "missing", "stale"])
+def test_a_cut_reads_from_the_hint_or_from_the_start_alike(tmp_path: Path, hint: str) -> None:
+    """The hint beside an open file lets a cut inflate only its tail; without it, or with
+    one that names the wrong bytes, the cut reads the whole file: the same files either way."""
+    sink = WarcSink(tmp_path, 1 << 20, "store-1")
+    for start in (0, 4, 8):  # three batches: the hint grows with each sync
+        sink.write([(TOPIC, 0, i, page(i)) for i in range(start, start + 4)])  # type: ignore[misc]
+    [hint_file] = tmp_path.glob("*.warc.idx")
+    if hint == "missing":
+        hint_file.unlink()
+    elif hint == "stale":
+        hint_file.write_text("".join(f"{i} {i * 3 + 1}\n" for i in range(12)))
+    assert cut(tmp_path, TOPIC, 0, 7) == 10  # pages 7-11, a response and a request each
+    [(path, name)] = partition_files(tmp_path, TOPIC, 0)
+    assert (name.first, name.last) == (0, 6) and not list(tmp_path.glob("*.idx"))
+    assert [s for t, _, s in read_dir(tmp_path) if t == "response"] == [
+        f"{TOPIC}:0:{i}" for i in range(7)]
+    calm = tmp_path / "calm"
+    _run(calm, range(7), max_bytes=1 << 20).close()
+    assert path.read_bytes() == next(calm.glob("*.warc.gz")).read_bytes()
