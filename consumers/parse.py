@@ -25,6 +25,7 @@ from consumers.html import extract
 from consumers.scope import follow
 from consumers.signature import text_signature
 from consumers.sitemaps import SitemapStep, is_sitemap
+from consumers.warc.capture import next_validators, page_fields
 from core import __version__
 from core.errors import CrawlfleetError, InternalError
 from core.profiles import DIRECT, EGRESS_META
@@ -99,6 +100,11 @@ class ParseStage(BatchStage):
         self._gate = FrontierGate(self.settings, background=True)
         self._sitemaps = SitemapStep(self.settings, self.encoder, self.topology,
                                      self._count)
+
+    @property
+    def _warc(self) -> bool:
+        """The store archives pages (WARC): their bodies and captures travel with them."""
+        return bool(self.settings.warc_dir)
 
     def _count(self, name: str, n: int) -> None:
         self.status.add(name, n)
@@ -186,7 +192,8 @@ class ParseStage(BatchStage):
             **job, "attempt": 0, "last_error": None, "delay_ms": int(interval * 1000),
             "meta": {**{k: v for k, v in link_meta(meta).items() if k != EGRESS_META},
                      REVISIT_INTERVAL: f"{interval:g}"},
-            "visit": int(job.get("visit") or 0) + 1, "validators": _validators(result, seen)}
+            "visit": int(job.get("visit") or 0) + 1,
+            "validators": _validators(result, seen, self._warc)}
         self.status.add("revisits_planned")
         return [self.encoder.job(self.topology.revisits, nxt)]
 
@@ -194,7 +201,7 @@ class ParseStage(BatchStage):
                      links: list[str], enqueued: list[EnqueuedLink], visit: Visit) -> Output:
         job = result["job"]
         key = page_key(job)
-        validators = _validators(result, visit)
+        validators = _validators(result, visit, self._warc)
         page: ParsedPage = {
             "dedupe_key": key, "url": job["url"], "final_url": result["final_url"],
             "target": job["target"], "profile": job["profile"], "depth": job["depth"],
@@ -217,7 +224,7 @@ class ParseStage(BatchStage):
             "signature": visit.signature, "validators": validators,
             "pinned": bool(job.get("pinned", True)), "priority": job.get("priority", 0),
             "meta": {k: v for k, v in link_meta(job.get("meta")).items() if k != EGRESS_META},
-            "egress": attempt_egress(job)}
+            "egress": attempt_egress(job), **page_fields(result, self._warc)}
         return self.encoder.record(self.topology.parsed, job["target"], key.encode(), page)
 
     def _link_jobs(self, job: CrawlJob, links: list[str]
@@ -249,11 +256,14 @@ class ParseStage(BatchStage):
         return out, enqueued
 
 
-def _validators(result: FetchResult, visit: Visit) -> dict[str, str]:
-    """What the page's next visit sends: the answer's validators and the text signature."""
+def _validators(result: FetchResult, visit: Visit, warc: bool = False) -> dict[str, str]:
+    """What the page's next visit sends: the answer's validators and the text signature
+    (and, archiving, the stored response a revisit record would refer to)."""
     validators = dict(result.get("validators") or {})
     if visit.signature:
         validators[SIGNATURE] = visit.signature
+    if warc:
+        validators.update(next_validators(result))
     return validators
 
 

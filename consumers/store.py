@@ -28,6 +28,9 @@ down so an insert's quorum cannot be met (:mod:`infra.clickhouse_errors`) -- end
 consumer session with the batch's offsets uncommitted: the worker says ``store_waiting``
 with the reason, probes the server with back-off, and rejoins to write the batch again from
 the committed offsets (its token, or the ReplacingMergeTree, drops what had landed).
+
+With ``warc_dir`` set, the batch's pages are also appended to WARC files and fsynced before
+the offsets are committed; a replay cuts the files where it starts (:mod:`consumers.warc.sink`).
 """
 
 from __future__ import annotations
@@ -38,12 +41,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, Message
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from consumers.fetch.conditional import ETAG, LAST_MODIFIED, NOT_MODIFIED
 from consumers.sampler import QueueSampler
+from consumers.warc.sink import Placed, WarcSink
 from core.config import Settings
 from core.errors import DecodeError, InfraError
 from infra.clickhouse import (
@@ -259,13 +264,28 @@ class StoreStage(SinkStage):
         self._ownership = StoreOwnership(settings) if not settings.clickhouse_dsn.get() \
             else None
         self._after_failure = False  # waiting was said after a failed write, not cleared yet
+        self.warc = WarcSink(Path(settings.warc_dir), settings.warc_max_bytes, self.worker) \
+            if settings.warc_dir else None
+        self._archive: list[Placed] = []  # the batch's pages, for the WARC sink
 
     def run(self) -> None:
         try:
             super().run()
         finally:
+            if self.warc is not None:
+                self.warc.close()
             if self._ownership is not None:
                 self._ownership.release()
+
+    def session(self) -> None:
+        if self.warc is not None:  # a new session's partitions start where they committed
+            self.warc.close()
+        super().session()
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        super()._on_revoke(consumer, partitions)
+        if self.warc is not None:
+            self.warc.forget([(p.topic, p.partition) for p in partitions])
 
     def batch_limits(self) -> tuple[int, float, float]:
         return self.s.store_batch_rows, self.s.store_batch_wait_s, _QUIET_S
@@ -372,6 +392,7 @@ class StoreStage(SinkStage):
                                                   "quarantines": [], "page_visits": []}
         ranges: dict[tuple[str, int], list[int]] = {}
         dead: list[Output] = []
+        self._archive = []
         for msg in batch:
             (topic, partition), offset = tp_of(msg), offset_of(msg)
             r = ranges.setdefault((topic, partition), [offset, offset])
@@ -409,6 +430,10 @@ class StoreStage(SinkStage):
             if i == 0 and faults.fails("store_unavailable"):
                 raise StoreUnavailableError("fault injection: the server took the batch's "
                                             "first table, then no more")
+        if self.warc is not None and self._archive:  # on disk before the offsets move
+            self.status.add("warc_bytes", self.warc.write(self._archive))
+            self.status.add("warc_pages", len(self._archive))
+            faults.point("after_warc")
         faults.point("after_insert")
         self._store_answers()
         return {tp: b + 1 for tp, (_, b) in ranges.items()}
@@ -438,6 +463,8 @@ class StoreStage(SinkStage):
                 rows["fetch_events"].append(fits("fetch_events", attempt))
             rows["lineage"] += [fits("lineage", r) for r in enqueued_rows(event_id, page)]
             rows["page_visits"].append(fits("page_visits", visit_row(page)))
+            if self.warc is not None:
+                self._archive.append((topic, tp_of(msg)[1], offset_of(msg), page))
             if keeps_version(page):
                 rows["pages"].append(fits("pages", page_row(page)))
         elif topic == self.topology.telemetry:

@@ -245,6 +245,9 @@ class Settings:
     #: Rows per ClickHouse insert batch (store stage), and the longest wait to fill one.
     store_batch_rows: int = 5000
     store_batch_wait_s: float = 0.25
+    #: WARC archive of the stored pages (``consumers.warc``), files finished past a size.
+    warc_dir: str = ""
+    warc_max_bytes: int = 1 << 30
     #: Port of the worker's Prometheus endpoint (``/metrics``): -1 = off, 0 = any free port
     #: (logged, and written to the worker's status file as ``metrics_port``).
     metrics_port: int = -1
@@ -369,13 +372,13 @@ def _problems(s: Settings) -> list[str]:
         out.append("partitions must be >= 1 (or 0 = automatic)")
     for name in ("replication", "max_inflight", "max_buffered", "max_attempts",
                  "store_batch_rows", "max_inflight_per_target", "target_buffer_floor",
-                 "max_target_state", "egress_failures", "max_uncommitted"):
+                 "max_target_state", "egress_failures", "max_uncommitted", "quarantine_blocks"):
         if getattr(s, name) < 1:
             out.append(f"{name} must be >= 1")
     for name in ("rate_cap", "request_timeout_s", "connect_timeout_s", "commit_interval_s",
                  "robots_ttl_s", "seen_ttl_s", "store_batch_wait_s", "target_buffer_s",
                  "restore_timeout_s", "target_idle_s", "egress_window_s",
-                 "egress_cooloff_s", "commit_stall_s"):
+                 "egress_cooloff_s", "commit_stall_s", "quarantine_window_s", "quarantine_s"):
         if getattr(s, name) <= 0:
             out.append(f"{name} must be > 0")
     for name in ("code_revision", "profile_bundle_version"):
@@ -385,20 +388,13 @@ def _problems(s: Settings) -> list[str]:
                        "blanks (it is a field of the version tuple)")
     if not s.profile_bundle_version:
         out.append("profile_bundle_version must not be empty")
-    if s.quarantine_blocks < 1:
-        out.append("quarantine_blocks must be >= 1")
-    for name in ("quarantine_window_s", "quarantine_s"):
-        if getattr(s, name) <= 0:
-            out.append(f"{name} must be > 0")
     if not 0 <= s.quarantine_target_share < 1:
         out.append("quarantine_target_share must be in [0, 1): the target pauses when more "
                    "than this share of its profiles is quarantined")
-    if s.sample_interval_s < 0:
-        out.append("sample_interval_s must be >= 0 (0 = no queue sampling)")
-    if s.frontier_lag_bound < 0:
-        out.append("frontier_lag_bound must be >= 0 (0 = unbounded)")
-    if s.fleet_rate_cap < 0:
-        out.append("fleet_rate_cap must be >= 0 (0 = no fleet-wide cap)")
+    for name, zero in (("sample_interval_s", "no queue sampling"),
+                       ("frontier_lag_bound", "unbounded"), ("fleet_rate_cap", "no fleet cap")):
+        if getattr(s, name) < 0:
+            out.append(f"{name} must be >= 0 (0 = {zero})")
     for target, spec in s.crawl_windows.items():
         try:
             parse_windows(spec)
@@ -415,8 +411,12 @@ def _problems(s: Settings) -> list[str]:
     if s.seen_ttl_s <= horizon:
         out.append(f"seen_ttl_s ({s.seen_ttl_s:g}s) must exceed the retry horizon plus the "
                    f"longest lease ({horizon:g}s), or a retried job could be fetched twice")
-    if s.max_response_bytes < 1024:
-        out.append("max_response_bytes must be >= 1024")
+    for name in ("max_response_bytes", "warc_max_bytes"):
+        if getattr(s, name) < 1024:
+            out.append(f"{name} must be >= 1024")
+    if s.warc_dir and (s.max_response_bytes > 7 << 20 or Path(s.warc_dir).is_file()):
+        out.append("warc_dir must be a directory, and max_response_bytes <= 7 MiB with it "
+                   "(a page's text and kept body must fit crawl.parsed's 16 MiB records)")
     bad = [c for c in s.block_statuses if not 400 <= c <= 599]
     if bad:
         out.append(f"block_statuses must be 4xx/5xx statuses, not {bad}")

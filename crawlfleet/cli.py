@@ -240,7 +240,11 @@ def crawl_cmd(seeds: Annotated[str, typer.Argument(
                   "(they are deleted when no --topic-prefix is given). [default: off]")
               ] = False,
               summary_json: Annotated[Path | None, typer.Option(
-                  help="Also write the summary as JSON here. [default: none]")] = None
+                  help="Also write the summary as JSON here. [default: none]")] = None,
+              warc: Annotated[Path | None, typer.Option(
+                  "--warc", metavar="DIR", help=setting_help(
+                      "Also archive every stored page as WARC files in DIR.", "warc_dir",
+                      "none"))] = None
               ) -> None:
     """Crawl from SEEDS with every stage as its own process; stop when drained."""
     from crawlfleet import crawl
@@ -249,7 +253,7 @@ def crawl_cmd(seeds: Annotated[str, typer.Argument(
         s = _settings(config, bootstrap=bootstrap, clickhouse=clickhouse, data_dir=data_dir,
                       topic_prefix=topic_prefix, allow_private=allow_private or None,
                       allow_hosts=allow_hosts, rate_cap=rate_cap, max_depth=max_depth,
-                      scope=scope)
+                      scope=scope, warc_dir=str(warc.resolve()) if warc else None)
         plan = Plan(fetch_workers=fetch_workers, parse_workers=parse_workers)
         lines = sys.stdin.readlines() if seeds == "-" else \
             Path(seeds).read_text(encoding="utf-8", errors="replace").splitlines()

@@ -62,6 +62,13 @@ class FetchResult(TypedDict):
     fetcher_version: str
     #: v4: the answer's ``etag`` and ``last_modified``, for the page's next visit.
     validators: dict[str, str]
+    #: v5: the exchange as a WARC record needs it (issue 45.5): the status line and the
+    #: headers as received, the request as sent ([name, value] pairs; secrets redacted).
+    status_line: str
+    response_headers: list[list[str]]
+    request_method: str
+    request_url: str
+    request_headers: list[list[str]]
 
 
 class EnqueuedLink(TypedDict):
@@ -116,6 +123,17 @@ class ParsedPage(TypedDict):
     meta: dict[str, str]
     #: v6: the egress its attempt went through, for the fetch_events row (issue 41).
     egress: str
+    #: v7: what the store's WARC sink writes (issue 45.5): the exchange (FetchResult v5),
+    #: the body zlib-compressed and its payload digest (both only with ``warc_dir`` set),
+    #: and the last stored capture a revisit record refers to (``consumers.warc.refs``).
+    status_line: str
+    response_headers: list[list[str]]
+    request_method: str
+    request_url: str
+    request_headers: list[list[str]]
+    body_z: bytes
+    payload_digest: str
+    last_capture: dict[str, str]
 
 
 class DeadLetter(TypedDict):

@@ -6,7 +6,9 @@
 
 - ``before_commit``: outputs produced inside the transaction, commit not yet sent;
 - ``after_commit``: transaction committed, the worker has not yet acted on it (lost ack);
-- ``after_insert``: store stage inserted a batch into ClickHouse, offsets not committed.
+- ``after_insert``: store stage inserted a batch into ClickHouse, offsets not committed;
+- ``after_warc``: store stage wrote a batch's pages to its WARC files (``warc_dir``) and
+  fsynced them, offsets not committed (a batch without pages does not count).
 
 And one where it lives on, and the commit fails as a slow or failing broker makes it fail
 (the path a kill never reaches):

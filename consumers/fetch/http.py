@@ -42,6 +42,7 @@ from yarl import URL
 
 from consumers.fetch.classify import classify_exception
 from consumers.fetch.conditional import request_headers, response_validators
+from consumers.fetch.exchange import Exchange, exchange_of
 from consumers.fetch.proxy_address import ProxyAddresses
 from consumers.fetch.resolver import GuardedResolver
 from core.config import Settings
@@ -80,6 +81,8 @@ class Response:
     location: str | None = None  # a redirect's Location header, as sent
     #: The answer's ``etag`` and ``last_modified`` (``conditional.response_validators``).
     validators: dict[str, str] = field(default_factory=dict)
+    #: The request as sent and the answer's status line and headers (for WARC records).
+    exchange: Exchange = field(default_factory=Exchange)
 
 
 @dataclass(frozen=True)
@@ -199,7 +202,8 @@ class Fetcher:
                             location = location_text(location)
                             if not follow_redirects:
                                 return Response(current, resp.status, ctype, b"", retry_after,
-                                                _ms(started), redirects, location)
+                                                _ms(started), redirects, location,
+                                                exchange=exchange_of(resp, current))
                             redirects.append(current)
                             current = canonicalize(urljoin(current, location))
                             if len(redirects) > self._s.max_redirects or current in redirects:
@@ -210,7 +214,8 @@ class Fetcher:
                         body = await _read_capped(resp, cap, truncate)
                         return Response(current, resp.status, ctype, body, retry_after,
                                         _ms(started), redirects,
-                                        validators=_validators(resp.headers))
+                                        validators=_validators(resp.headers),
+                                        exchange=exchange_of(resp, current))
         except ForbiddenAddressError as exc:
             if not redirects:
                 raise  # the URL asked for is itself refused

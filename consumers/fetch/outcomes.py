@@ -110,7 +110,7 @@ class OutcomeRules:
                 "fetched_at_ms": int(time.time() * 1000), "elapsed_ms": resp.elapsed_ms,
                 "redirects": resp.redirects, "worker": self.worker, **self.versions,
                 **self.attempt(label, outcome.reason, started),
-                "validators": resp.validators}
+                "validators": resp.validators, **resp.exchange.fields()}
             result = self.enc.record(self.topology.fetched, pj.target, pj.key.encode(), page)
             # The page carries its attempt's telemetry (the store's fetch_events row comes
             # from it); a block's event also goes to the quarantine app's own input.
@@ -143,7 +143,7 @@ class OutcomeRules:
             # a success in the attempt's telemetry (success rates count it as one); the
             # visit's outcome, not_modified, is read from the status (page_visits)
             **self.attempt("ok", NOT_MODIFIED_OUTCOME, started),
-            "validators": {**validators, **resp.validators}}
+            "validators": {**validators, **resp.validators}, **resp.exchange.fields()}
         return Result([self.enc.record(self.topology.fetched, pj.target, pj.key.encode(),
                                        page)],
                       (DONE, job["attempt"]), Signal.OK, outcome="ok",
@@ -171,7 +171,8 @@ class OutcomeRules:
             "content_type": resp.content_type, "body": b"",
             "fetched_at_ms": int(time.time() * 1000), "elapsed_ms": resp.elapsed_ms,
             "redirects": [to or resp.location[:2048]], "worker": self.worker,
-            **self.versions, **self.attempt("ok", reason, started), "validators": {}}
+            **self.versions, **self.attempt("ok", reason, started), "validators": {},
+            **resp.exchange.fields()}
         outputs = [self.enc.record(self.topology.fetched, pj.target, pj.key.encode(), page)]
         if reason == "redirect" and to is not None:
             child: CrawlJob = {

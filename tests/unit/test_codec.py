@@ -43,6 +43,16 @@ VERSIONS = {"profile_bundle_version": "2", "http_version": "aiohttp/3.14.5",
             "tls_version": "OpenSSL 3.0.13 30 Jan 2024", "code_revision": "1a2b3c4d5e6f"}
 
 
+#: The exchange a WARC record needs (FetchResult v5, ParsedPage v7).
+EXCHANGE: dict[str, Any] = {
+    "status_line": "HTTP/1.1 200 OK",
+    "response_headers": [["Content-Type", "text/html"], ["Set-Cookie", "[redacted]"],
+                         ["Set-Cookie", "[redacted]"]],
+    "request_method": "GET", "request_url": "https://example.com/dir/page?a=1&b=2",
+    "request_headers": [["Host", "example.com"], ["Cookie", "[redacted]"]],
+}
+
+
 def fetch_result() -> dict[str, Any]:
     return {
         "job": JOB,
@@ -57,6 +67,7 @@ def fetch_result() -> dict[str, Any]:
         **VERSIONS,
         "outcome": "ok", "reason": "", "attempt_ms": 130, "fetcher_version": "crawlfleet/0.1",
         "validators": {"etag": 'W/"7"', "last_modified": "Mon, 30 Nov 2026 10:00:00 GMT"},
+        **EXCHANGE,
     }
 
 
@@ -88,6 +99,9 @@ def parsed_page() -> dict[str, Any]:
         "visit": 3, "changed": False, "signature": "0f" * 16,
         "validators": {"etag": '"e3"', "signature": "0f" * 16}, "pinned": False,
         "priority": 1, "meta": {"campaign": "daily"}, "egress": "px2",
+        **EXCHANGE, "body_z": b"x\x9c\x03\x00\x00\x00\x00\x01",
+        "payload_digest": "sha1:3I42H3S6NNFQ2MSVX7XZKYAYSCX5QBYJ",
+        "last_capture": {"id": "<urn:uuid:0>", "uri": "https://example.com/"},
     }
 
 
@@ -295,6 +309,27 @@ def test_records_in_flight_across_the_v3_job_upgrade_decode(codec: Codec,
     payload, headers = old.encode("DeadLetter", letter)
     assert codec.decode("DeadLetter", payload, headers)["job"] == {**v2_job, "pinned": True,
                                                                    **V4_DEFAULTS}
+
+
+def test_a_v4_fetch_result_and_a_v6_page_read_with_no_exchange(codec: Codec) -> None:
+    """Records written before the WARC fields (FetchResult v5, ParsedPage v7) read as having
+    no exchange, no kept body and no last capture: the store writes no WARC record of theirs
+    it cannot fill, and nothing is dead-lettered."""
+    exchange = {"status_line": "", "response_headers": [], "request_method": "",
+                "request_url": "", "request_headers": []}
+    v4 = next(v for v in codec.versions("FetchResult") if v.version == 4)
+    old = {k: v for k, v in fetch_result().items() if k not in EXCHANGE}
+    payload, headers = codec.encode("FetchResult", old, version=v4)
+    assert codec.decode("FetchResult", payload, headers) == {
+        **_with_ts(old, "fetched_at_ms"), **exchange}
+    v6 = next(v for v in codec.versions("ParsedPage") if v.version == 6)
+    page = {k: v for k, v in parsed_page().items()
+            if k not in (*EXCHANGE, "body_z", "payload_digest", "last_capture")}
+    payload, headers = codec.encode("ParsedPage", page, version=v6)
+    decoded = codec.decode("ParsedPage", payload, headers)
+    assert not decoded.pop("body_z")  # fastavro reads a bytes default as "": falsy either way
+    assert decoded == {**_with_ts(page, "fetched_at_ms", "parsed_at_ms"), **exchange,
+                       "payload_digest": "", "last_capture": {}}
 
 
 # --- decode failures ----------------------------------------------------------------------
