@@ -78,6 +78,11 @@ DataDirOpt = Annotated[Path | None, typer.Option(
     "--data-dir", help=setting_help("Local state: chDB store, logs, status.", "data_dir"))]
 PrefixOpt = Annotated[str | None, typer.Option(
     "--topic-prefix", help=setting_help("Namespace of topics and groups.", "topic_prefix"))]
+CrawlOpt = Annotated[str | None, typer.Option(
+    "--topic-prefix", "--crawl", metavar="NAME", help="The crawl to act on: its topic prefix "
+    "or name (`crawlfleet crawls` lists them). [default: the configured prefix (env "
+    "CRAWLFLEET_TOPIC_PREFIX), else the crawl running on the data dir, else the shared "
+    "namespace]")]
 KafkaHomeOpt = Annotated[Path | None, typer.Option(
     help="Kafka home (jars, data). [default: .crawlfleet/kafka, or "
     "$CRAWLFLEET_HOME/kafka]")]
@@ -140,6 +145,18 @@ def _on_cluster(s: Settings) -> Settings:
     from crawlfleet.reach import reach_kafka
     from infra.topics import adopt_partitions
     return adopt_partitions(reach_kafka(s))
+
+
+def crawl_settings(config: Path | None, bootstrap: str | None, topic_prefix: str | None,
+                   data_dir: Path | None = None, **overrides: Any) -> Settings:
+    """Settings on the crawl an operator command means, once its broker answered: the
+    ``--topic-prefix`` (or crawl name) given, else the crawl running on the data dir, else
+    the shared namespace; one whose topics do not exist is an error at once, naming the fix
+    (:mod:`crawlfleet.crawls`)."""
+    from crawlfleet.crawls import pick_namespace, require_namespace
+    from crawlfleet.reach import reach_kafka
+    s = reach_kafka(_settings(config, bootstrap=bootstrap, data_dir=data_dir, **overrides))
+    return require_namespace(pick_namespace(s, topic_prefix))
 
 
 def _error(text: str) -> None:

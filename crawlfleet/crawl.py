@@ -12,10 +12,11 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from rich.console import Console
 from rich.live import Live
@@ -23,6 +24,7 @@ from rich.table import Table
 
 from core.config import Settings
 from core.errors import InfraError
+from crawlfleet.crawls import CRAWL_LOCK, note_end
 
 # Fleet, Plan and settings_env lived here first: re-exported for their many users.
 from crawlfleet.fleet import PARTITIONS_PER_WORKER as PARTITIONS_PER_WORKER
@@ -59,6 +61,7 @@ class Summary:
     crawl_seconds: float  # first page fetched → last page stored (what peers time)
     crawl_pages_per_s: float
     drained: bool
+    interrupted: bool = False  # SIGINT or SIGTERM ended it: its topics are kept to resume
     restarts: int = 0
     topics_deleted: int = 0  # this run's own topics, deleted once it drained
     #: target → why its URLs were refused and which setting allows them (once per target)
@@ -75,11 +78,14 @@ class Summary:
     #: topics, workers started, ready, published, first fetch, last store, drained, stopped.
     phases: dict[str, float] = field(default_factory=dict)
     statuses: list[dict[str, Any]] = field(default_factory=list)
+    store: str = ""  # where the pages are: every crawl of one data dir shares this store
+    paused: bool = False  # the fetch workers were paused (`crawlfleet pause`) at the end
 
 
 def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
               console: Console | None = None, timeout_s: float | None = None,
-              keep_topics: bool = False) -> Summary:
+              keep_topics: bool = False,
+              on_start: Callable[[Settings], None] | None = None) -> Summary:
     """Crawl from ``seeds`` until the pipeline drains (or ``timeout_s``); return a summary.
 
     Without a configured topic prefix the crawl gets a namespace of its own
@@ -89,10 +95,13 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
     nothing can resume a finished one-off crawl. A crawl that did not drain keeps them, so it
     can be resumed with ``--topic-prefix`` (which adopts existing topics and their partition
     count, and deletes nothing). The data dir is held for the crawl's life
-    (:func:`hold_data_dir`).
+    (:func:`hold_data_dir`). ``on_start`` is told the crawl's settings (its prefix) once
+    it holds the data dir, before anything is crawled: what resumes it is known from the
+    start. SIGINT (KeyboardInterrupt) ends it with a summary marked interrupted; its topics
+    are kept, so it can be resumed.
     """
     console = console or Console(stderr=True)
-    phases = Phases()
+    phases, began = Phases(), time.time()
     starting = not settings.bootstrap_servers and not kafka_local.status().running
     if starting:
         console.print("no Kafka configured and the local broker is not running: starting it "
@@ -112,6 +121,8 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
     if ephemeral and not settings.partitions:
         settings = settings.replace(partitions=plan.partitions())
     with hold_data_dir(settings):
+        if on_start is not None:
+            on_start(settings)
         # With its partition count known (always, for a one-off crawl) a worker needs
         # nothing of the broker: the workers start, and import, while the topics are made
         # (each waits for its topics before it joins its group).
@@ -134,7 +145,10 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
         summary = _crawl(settings, seeds, plan, console, timeout_s, phases,
                          fleet or _fleet(settings, plan),
                          frontier_empty=topology_of(settings).frontier in created)
-        if ephemeral and not keep_topics:
+        note_end(settings.data_dir, settings.topic_prefix, began,
+                 "interrupted" if summary.interrupted else
+                 "finished" if summary.drained else "timed out", summary.pages_stored)
+        if ephemeral and not keep_topics and not summary.interrupted:
             try:
                 summary.topics_deleted = len(delete_topics(settings, topics=created))
             except InfraError as exc:
@@ -166,6 +180,7 @@ def _crawl(settings: Settings, seeds: list[str], plan: Plan, console: Console,
         fleet.start()
         phases.mark("workers_started")
     started, start_wall = fleet.started_at, fleet.started_wall
+    report, published_wall, interrupted = PublishReport(), time.time(), False
     try:
         requesting = stages_where("sends_requests")
         if any(fleet.plan.workers(st) > 1 for st in requesting):
@@ -182,16 +197,25 @@ def _crawl(settings: Settings, seeds: list[str], plan: Plan, console: Console,
             console.print(f"seed line {line}: {reason}", style="yellow", markup=False)
         if report.profile_warning():
             console.print(f"seeds: {report.profile_warning()}", style="yellow", markup=False)
-        drained = _watch(settings, fleet, console, timeout_s, started)
-        phases.mark("drained" if drained else "timed_out")
+        try:
+            drained = _watch(settings, fleet, console, timeout_s, started)
+        except KeyboardInterrupt:
+            # Ctrl-C (or SIGTERM, made one by the CLI): every worker leaves its group
+            # cleanly first, then the summary is read from the store, opened here.
+            interrupted, drained = True, False
+        phases.mark("interrupted" if interrupted else "drained" if drained else "timed_out")
         elapsed = time.monotonic() - started
         # The workers' last word is read before they are told to stop: a worker removes
         # its status file as it exits, and one that exits while the store answers the
         # summary's queries (seconds, on a large crawl) would be missing from it.
         statuses = read_statuses(settings.status_dir)
-        fleet.signal(but=stages_where("store_owner"))
+        if interrupted:
+            fleet.stop()
+        else:
+            fleet.signal(but=stages_where("store_owner"))
         summary = _summarise(settings, report, start_wall, elapsed, drained, fleet,
                              published_wall, statuses)
+        summary.interrupted = interrupted
         if summary.pages_stored:
             phases.mark_wall("first_fetch", summary.first_fetch_at)
             phases.mark_wall("last_store", summary.last_store_at)
@@ -218,8 +242,6 @@ class DataDirBusyError(InfraError):
     reason = "data_dir_busy"
 
 
-#: The crawl's own lock file in its data dir (not the store's: that one is chDB's).
-CRAWL_LOCK = "crawl.lock"
 
 
 @contextlib.contextmanager
@@ -294,6 +316,23 @@ def wait_ready(settings: Settings, fleet: Fleet, timeout_s: float = 60.0,
             return False  # a refused worker joins nothing until approved: _watch says so
         fleet.heal()
         time.sleep(READY_TICK_S)
+
+
+def starting_stages(fleet: Fleet, statuses: list[dict[str, Any]]) -> set[str]:
+    """Stages with a live worker process that has not written its first status yet: it is
+    starting (importing, joining), not stalled. A resumed crawl's stale status files (of
+    processes gone) do not make a starting stage look stalled either."""
+    reported = {st.get("pid") for st in statuses}
+    return {wid.rsplit("-", 1)[0] for wid, p in fleet.procs.items()
+            if p.poll() is None and p.pid not in reported}
+
+
+def paused_notes(statuses: list[dict[str, Any]]) -> list[str]:
+    """"paused" while the fetch workers say the crawl is paused (`crawlfleet pause`)."""
+    fetchers = [st for st in statuses if st.get("stage") in stages_where("sends_requests")]
+    if fetchers and any(st.get("gauges", {}).get("paused") for st in fetchers):
+        return ["paused: no request goes out until `crawlfleet resume`"]
+    return []
 
 
 def refusals(statuses: list[dict[str, Any]]) -> list[str]:
@@ -384,7 +423,9 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
                 lags = probe.stage_lags(topo)
                 ends = dict(probe.ends)
                 now = time.monotonic()
-                stalled = stall_watch.update(stalls(lags, statuses), now)
+                starting = starting_stages(fleet, statuses)
+                stalled = stall_watch.update({st: why for st, why in stalls(lags, statuses).items()
+                                              if st not in starting}, now)
                 quiet = _calm(statuses, lags, fleet)
                 tail = not quiet and _calm(statuses, lags, fleet, but=stages_where("store_owner"))
                 drained = False
@@ -400,7 +441,7 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
                     if held is not None and held.empty:
                         again = probe.stage_lags(topo)
                         drained = all(v == 0 for v in again.values()) and probe.ends == ends
-                notes = list(stalled.values()) + refusals(statuses)
+                notes = paused_notes(statuses) + list(stalled.values()) + refusals(statuses)
                 if held is not None and not held.empty:
                     notes.append(f"not drained, the broker holds: {held.describe()}")
                 elif held_note:
@@ -530,7 +571,19 @@ def _summarise(settings: Settings, report: PublishReport, start_wall: float, ela
         publish_seconds=round(max(0.0, last_stored - published_wall), 3),
         start_seconds=round(max(0.0, last_stored - start_wall), 3),
         first_fetch_at=first_fetched, last_store_at=last_stored,
-        hop_ms=_hops(hop_rows))
+        hop_ms=_hops(hop_rows), store=store_place(settings),
+        paused=bool(paused_notes(statuses)))
+
+
+def store_place(settings: Settings) -> str:
+    """Where a crawl's pages are, said as shared: every crawl of a data dir (or of one
+    ClickHouse server) writes the same tables, so `crawlfleet sql` sees them all."""
+    dsn = settings.clickhouse_dsn.get()
+    if dsn:
+        host = urlsplit(dsn).hostname or "?"  # never the DSN: it may carry a password
+        return f"ClickHouse server {host}, shared by every crawl that uses it"
+    return (f"{settings.clickhouse_path.resolve()}, shared by every crawl of the data dir "
+            f"{settings.data_dir.resolve()}")
 
 
 def hop_sql(since: str) -> str:
@@ -578,7 +631,12 @@ def print_summary(summary: Summary, console: Console) -> None:
         h = summary.hop_ms
         t.add_row("link hop p50 / p90 / p99 (ms)",
                   f"{h['p50']:.0f} / {h['p90']:.0f} / {h['p99']:.0f} ({h['n']:.0f} links)")
-    t.add_row("drained", "yes" if summary.drained else "no (timed out)")
+    t.add_row("drained", "yes" if summary.drained else
+              "no (interrupted)" if summary.interrupted else "no (timed out)")
+    if summary.paused:
+        t.add_row("paused", "yes (`crawlfleet resume` goes on)")
+    if summary.store:
+        t.add_row("store", summary.store)
     if summary.restarts:
         t.add_row("worker restarts", str(summary.restarts))
     console.print(t)
