@@ -251,8 +251,29 @@ def remove_crawl(settings: Settings, prefix: str, timeout_s: float = 30.0) -> tu
                 fut.result()
                 deleted_topics += 1
     if groups:
-        for fut in admin.delete_consumer_groups(groups, request_timeout=timeout_s).values():
-            with contextlib.suppress(KafkaException):
-                fut.result()
-                deleted_groups += 1
+        _remove_static_members(settings, admin, groups)
+        left = list(groups)
+        deadline = time.monotonic() + timeout_s
+        while left and time.monotonic() < deadline:
+            for group, fut in admin.delete_consumer_groups(
+                    left, request_timeout=timeout_s).items():
+                with contextlib.suppress(KafkaException):
+                    fut.result()
+                    deleted_groups += 1
+                    left.remove(group)
+            if left:
+                time.sleep(0.2)  # a group rebalancing after its members were removed
     return deleted_topics, deleted_groups
+
+
+def _remove_static_members(settings: Settings, admin: AdminClient, groups: list[str]) -> None:
+    """Remove the static members a stopped crawl's groups still hold: a static member's
+    close sends no LeaveGroup, and a group with members cannot be deleted until their
+    sessions time out (``session_timeout_ms``)."""
+    from streams.group_leave import leave_group
+    for fut in admin.describe_consumer_groups(groups, request_timeout=10).values():
+        with contextlib.suppress(KafkaException):
+            desc = fut.result()
+            for member in desc.members:
+                if member.group_instance_id:
+                    leave_group(settings, desc.group_id, member.group_instance_id)
