@@ -253,6 +253,7 @@ def crawl_cmd(seeds: Annotated[str, typer.Argument(
     fetched (every seed refused: robots, address, scope); 130 interrupted (SIGINT), 143
     interrupted (SIGTERM)."""
     from crawlfleet import crawl
+    from crawlfleet.crawls import store_place
     from crawlfleet.fleet import Plan
     given = {"--config": config, "--bootstrap": bootstrap, "--clickhouse": clickhouse,
              "--data-dir": data_dir, "--allow-hosts": allow_hosts, "--rate-cap": rate_cap,
@@ -264,7 +265,7 @@ def crawl_cmd(seeds: Annotated[str, typer.Argument(
 
     def announce(s: Any) -> None:
         resume.append(resume_command(seeds, s.topic_prefix, given, flags))
-        err_console.print(f"crawl {s.topic_prefix} started (store: {crawl.store_place(s)})",
+        err_console.print(f"crawl {s.topic_prefix} started (store: {store_place(s)})",
                           markup=False, highlight=False)
         err_console.print(f"stop it with Ctrl-C; resume it with: {resume[0]}", markup=False,
                           highlight=False)

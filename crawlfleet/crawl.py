@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from rich.console import Console
 from rich.live import Live
@@ -24,7 +23,7 @@ from rich.table import Table
 
 from core.config import Settings
 from core.errors import InfraError
-from crawlfleet.crawls import CRAWL_LOCK, note_end
+from crawlfleet.crawls import CRAWL_LOCK, note_end, store_place
 
 # Fleet, Plan and settings_env lived here first: re-exported for their many users.
 from crawlfleet.fleet import PARTITIONS_PER_WORKER as PARTITIONS_PER_WORKER
@@ -32,13 +31,14 @@ from crawlfleet.fleet import Fleet, Plan
 from crawlfleet.fleet import settings_env as settings_env
 from crawlfleet.health import HeldRecheck, HeldWork, StallWatch, read_held_work, stalls
 from crawlfleet.phases import Phases
+from crawlfleet.progress import _progress_line, _progress_table, paused_notes, starting_stages
 from crawlfleet.reach import resolve_bootstrap
 from infra import kafka_local
 from infra.lag import LagProbe
 from infra.store_query import run_query
 from infra.topics import adopt_partitions, create_topics, delete_topics, topology_of
 from producers.frontier import PublishReport, jobs_from_lines, publish
-from schemas.stages import analytics_stages, stage_spec, stages_where
+from schemas.stages import analytics_stages, stages_where
 from schemas.topics import Topology
 from streams.status import holds_work, read_statuses
 
@@ -318,23 +318,6 @@ def wait_ready(settings: Settings, fleet: Fleet, timeout_s: float = 60.0,
         time.sleep(READY_TICK_S)
 
 
-def starting_stages(fleet: Fleet, statuses: list[dict[str, Any]]) -> set[str]:
-    """Stages with a live worker process that has not written its first status yet: it is
-    starting (importing, joining), not stalled. A resumed crawl's stale status files (of
-    processes gone) do not make a starting stage look stalled either."""
-    reported = {st.get("pid") for st in statuses}
-    return {wid.rsplit("-", 1)[0] for wid, p in fleet.procs.items()
-            if p.poll() is None and p.pid not in reported}
-
-
-def paused_notes(statuses: list[dict[str, Any]]) -> list[str]:
-    """"paused" while the fetch workers say the crawl is paused (`crawlfleet pause`)."""
-    fetchers = [st for st in statuses if st.get("stage") in stages_where("sends_requests")]
-    if fetchers and any(st.get("gauges", {}).get("paused") for st in fetchers):
-        return ["paused: no request goes out until `crawlfleet resume`"]
-    return []
-
-
 def refusals(statuses: list[dict[str, Any]]) -> list[str]:
     """What workers refusing to consume say (their version tuple is not approved): they
     stay up and idle, so the fleet never restarts them; the crawl shows why it waits."""
@@ -494,48 +477,6 @@ def _calm(statuses: list[dict[str, Any]], lags: dict[str, int], fleet: Fleet,
     return all(v == 0 for stage, v in lags.items() if stage not in but)
 
 
-def _totals(statuses: list[dict[str, Any]]) -> dict[str, int]:
-    totals: dict[str, int] = {}
-    for s in statuses:
-        for k, v in s.get("counters", {}).items():
-            totals[f"{s['stage']}.{k}"] = totals.get(f"{s['stage']}.{k}", 0) + v
-    return totals
-
-
-def _progress_line(statuses: list[dict[str, Any]], lags: dict[str, int],
-                   elapsed: float, notes: list[str] | None = None) -> str:
-    """The live table's figures as one plain line (output that is not a terminal), and
-    what holds the crawl (stalled stages, work the broker holds), if anything."""
-    totals = _totals(statuses)
-    return (f"{elapsed:5.0f}s  fetched {totals.get('fetch.fetched', 0)}  stored "
-            f"{totals.get('store.stored_pages', 0)}  retries {totals.get('fetch.retries', 0)}  "
-            f"dead {totals.get('fetch.dead', 0) + totals.get('parse.dead', 0)}  queues: "
-            + " ".join(f"{stage} {_lag_text(lag)}" for stage, lag in lags.items())
-            + "".join(f"  | {n}" for n in notes or ()))
-
-
-def _lag_text(lag: int) -> str:
-    """A stage's lag as shown: ``?`` while a partition's end offset is unknown (the probe's
-    -1: a look that did not answer in time), never a number that is not one."""
-    return "?" if lag < 0 else str(lag)
-
-
-def _progress_table(statuses: list[dict[str, Any]], lags: dict[str, int],
-                    elapsed: float, notes: list[str] | None = None) -> Table:
-    totals = _totals(statuses)
-    t = Table(title=f"crawlfleet — {elapsed:.0f}s", show_header=True,
-              caption="\n".join(notes or ()) or None, caption_style="bold red")
-    queues = [stage_spec(stage).label or stage for stage in lags]
-    queues[0] = f"queue: {queues[0]}"
-    for col in ("fetched", "stored", "retries", "dead", *queues):
-        t.add_column(col, justify="right")
-    t.add_row(str(totals.get("fetch.fetched", 0)), str(totals.get("store.stored_pages", 0)),
-              str(totals.get("fetch.retries", 0)),
-              str(totals.get("fetch.dead", 0) + totals.get("parse.dead", 0)),
-              *(_lag_text(lag) for lag in lags.values()))
-    return t
-
-
 def _summarise(settings: Settings, report: PublishReport, start_wall: float, elapsed: float,
                drained: bool, fleet: Fleet, published_wall: float,
                statuses: list[dict[str, Any]]) -> Summary:
@@ -573,17 +514,6 @@ def _summarise(settings: Settings, report: PublishReport, start_wall: float, ela
         first_fetch_at=first_fetched, last_store_at=last_stored,
         hop_ms=_hops(hop_rows), store=store_place(settings),
         paused=bool(paused_notes(statuses)))
-
-
-def store_place(settings: Settings) -> str:
-    """Where a crawl's pages are, said as shared: every crawl of a data dir (or of one
-    ClickHouse server) writes the same tables, so `crawlfleet sql` sees them all."""
-    dsn = settings.clickhouse_dsn.get()
-    if dsn:
-        host = urlsplit(dsn).hostname or "?"  # never the DSN: it may carry a password
-        return f"ClickHouse server {host}, shared by every crawl that uses it"
-    return (f"{settings.clickhouse_path.resolve()}, shared by every crawl of the data dir "
-            f"{settings.data_dir.resolve()}")
 
 
 def hop_sql(since: str) -> str:
@@ -636,7 +566,7 @@ def print_summary(summary: Summary, console: Console) -> None:
     if summary.paused:
         t.add_row("paused", "yes (`crawlfleet resume` goes on)")
     if summary.store:
-        t.add_row("store", summary.store)
+        t.add_row("pages stored in", summary.store)
     if summary.restarts:
         t.add_row("worker restarts", str(summary.restarts))
     console.print(t)

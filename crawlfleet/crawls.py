@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -277,3 +278,14 @@ def _remove_static_members(settings: Settings, admin: AdminClient, groups: list[
             for member in desc.members:
                 if member.group_instance_id:
                     leave_group(settings, desc.group_id, member.group_instance_id)
+
+
+def store_place(settings: Settings) -> str:
+    """Where a crawl's pages are, said as shared: every crawl of a data dir (or of one
+    ClickHouse server) writes the same tables, so `crawlfleet sql` sees them all."""
+    dsn = settings.clickhouse_dsn.get()
+    if dsn:
+        host = urlsplit(dsn).hostname or "?"  # never the DSN: it may carry a password
+        return f"ClickHouse server {host}, shared by every crawl that uses it"
+    return (f"{settings.clickhouse_path.resolve()}, shared by every crawl of the data dir "
+            f"{settings.data_dir.resolve()}")

@@ -11,7 +11,8 @@ from typing import Any
 
 from core.config import Settings
 from crawlfleet.cli import EXIT_NOTHING_FETCHED, crawl_exit, resume_command
-from crawlfleet.crawl import hold_data_dir, paused_notes, starting_stages
+from crawlfleet.crawl import hold_data_dir
+from crawlfleet.progress import paused_notes, starting_stages
 from crawlfleet.crawls import normal_prefix, pick_namespace, running_crawl
 
 
