@@ -27,8 +27,23 @@ from core.errors import CrawlfleetError
 class _Command(TyperCommand):
     """Usage lines as a newcomer reads them: ``crawl [OPTIONS] SEEDS``, not ``{seeds}``."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            # An option whose help states its default ("[default: ...; env ...]") gets no
+            # second one from typer ("[default: 0, no soak] [default: 0.0]").
+            if "[default:" in (getattr(param, "help", None) or ""):
+                param.show_default = False  # type: ignore[attr-defined]
+            if param.nargs == -1:  # "TUPLE...", not "TUPLE <list[str]>": no Python types
+                param.display_type = lambda ctx: ""  # type: ignore[attr-defined]
+
     def collect_usage_pieces(self, ctx: Any) -> list[str]:  # typer's own click Context
         return [p.strip("{}") for p in super().collect_usage_pieces(ctx)]
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        """The command list shows each command's whole first sentence, never "...": a
+        description cut short says less than none."""
+        return super().get_short_help_str(limit=max(limit, 300))
 
 
 def _typer(help: str) -> typer.Typer:

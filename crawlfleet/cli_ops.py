@@ -316,6 +316,9 @@ def sql_cmd(query: Annotated[str | None, typer.Argument(
         sys.stdout.write("\t".join(cols) + "\n")
         for r in rows:
             sys.stdout.write("\t".join(str(v) for v in r) + "\n")
+    elif not rows:
+        console.print("0 rows" + (f" ({', '.join(cols)})" if cols else ""), markup=False,
+                      highlight=False)
     else:
         t = Table(*cols)
         for r in rows:
@@ -393,6 +396,9 @@ def _dlq_filters(reason: str | None, target: str | None, since: str | None) -> A
 
 
 def _print_rows(cols: Any, rows: Any) -> None:
+    if not rows:
+        console.print("0 rows", markup=False, highlight=False)
+        return
     t = Table(*cols)
     for r in rows:
         t.add_row(*(cell(v) for v in r))

@@ -55,6 +55,13 @@ def test_a_command_on_a_namespace_without_topics_says_so_naming_the_fix(
     assert cap.returncode == 2 and "crawl nosuch-crawl. has no topics" in cap.stderr, cap.stderr
 
 
+def test_an_empty_result_says_0_rows(settings: Settings) -> None:
+    """Before: one blank line."""
+    out = _cli(_env(settings), "sql", "SELECT 1 AS one WHERE 0")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0 rows (one)"
+
+
 class _Lines:
     """A child's stderr, line by line, as it comes."""
 
