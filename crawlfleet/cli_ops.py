@@ -368,6 +368,10 @@ def top_cmd(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
         return
     try:
         if once or not console.is_terminal:
+            # A rate is the difference of two samples: the one printed is the second,
+            # ``refresh`` seconds after the first (one alone showed 0.0 records/s).
+            view.snapshot()
+            _time.sleep(refresh)
             console.print(render(view.snapshot()))
             return
         with Live(render(view.snapshot()), console=console, screen=True,

@@ -70,3 +70,12 @@ def _progress_table(statuses: list[dict[str, Any]], lags: dict[str, int],
               str(totals.get("fetch.dead", 0) + totals.get("parse.dead", 0)),
               *(_lag_text(lag) for lag in lags.values()))
     return t
+
+
+def kafka_reason(exc: BaseException) -> str:
+    """A client error as a person reads it: "KafkaError{code=_TRANSPORT,val=-195,str=
+    "Failed to get metadata: ..."}" becomes "Failed to get metadata: ... (_TRANSPORT)"."""
+    err = exc.args[0] if exc.args else exc
+    if hasattr(err, "str") and hasattr(err, "name"):
+        return f"{err.str()} ({err.name()})"
+    return str(exc)

@@ -75,3 +75,12 @@ def test_a_paused_fetch_worker_shows_as_paused() -> None:
     assert paused_notes([{"stage": "fetch", "gauges": {"paused": 0}}]) == []
     assert paused_notes([{"stage": "fetch", "gauges": {"paused": 1}},
                          {"stage": "store", "gauges": {}}])[0].startswith("paused")
+
+
+def test_a_client_error_reads_as_a_sentence_not_a_dump() -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from crawlfleet.progress import kafka_reason
+    exc = KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: down"))
+    assert kafka_reason(exc) == "Failed to get metadata: down (_TRANSPORT)"
+    assert "KafkaError{" not in kafka_reason(exc)
