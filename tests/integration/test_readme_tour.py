@@ -77,13 +77,13 @@ def test_the_readme_tour_runs_as_written(settings: Settings, site_port: int,
         assert out.returncode == 0, f"{command}: {out.stdout}{out.stderr}"
         return out.stdout
 
-    site = subprocess.Popen(argv(commands[0]), cwd=tmp_path, env=env,  # noqa: S603
+    site = subprocess.Popen(argv(commands[0]), cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     crawl: subprocess.Popen[str] | None = None
     try:
         _Lines(site.stdout).until(r"^serving ")
         assert (tmp_path / "seeds.txt").read_text().count("http://") == 3
-        crawl = subprocess.Popen(argv(commands[1]), cwd=tmp_path, env=env,  # noqa: S603
+        crawl = subprocess.Popen(argv(commands[1]), cwd=tmp_path, env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         err = _Lines(crawl.stderr)
         prefix = err.until(r"^crawl (\S+) started")[1]
