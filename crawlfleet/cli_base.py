@@ -174,6 +174,11 @@ def crawl_settings(config: Path | None, bootstrap: str | None, topic_prefix: str
     return require_namespace(pick_namespace(s, topic_prefix))
 
 
+def crawl_name(s: Settings) -> str:
+    """How a command's output names the crawl it acted on."""
+    return f"crawl {s.topic_prefix}" if s.topic_prefix else "the shared fleet"
+
+
 def _error(text: str) -> None:
     """``error: text`` on stderr; ``text`` is printed as it is (never parsed as markup)."""
     err_console.print(Text.assemble(("error:", "red"), " ", text))

@@ -11,9 +11,6 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from core.config import (
-    Settings,
-)
 from core.errors import CrawlfleetError
 from crawlfleet.cli_base import (
     BootstrapOpt,
@@ -30,6 +27,7 @@ from crawlfleet.cli_base import (
     cell,
     command,
     console,
+    crawl_name,
     crawl_settings,
     dlq_app,
     err_console,
@@ -52,11 +50,7 @@ def _toggle(paused: bool, target: str | None, config: Path | None, bootstrap: st
     except CrawlfleetError as exc:
         _fail(exc)
     console.print(f"{'paused' if paused else 'resumed'} {target or 'every target'} of "
-                  f"{_crawl_name(s)}", markup=False)
-
-
-def _crawl_name(s: Settings) -> str:
-    return f"crawl {s.topic_prefix}" if s.topic_prefix else "the shared fleet"
+                  f"{crawl_name(s)}", markup=False)
 
 
 @command("pause")
@@ -131,7 +125,7 @@ def cap_cmd(target: Annotated[str, typer.Argument(metavar="TARGET", help="Target
         control.set_cap(s, target, rate)
     except CrawlfleetError as exc:
         _fail(exc)
-    console.print(f"cap for {target} in {_crawl_name(s)}: "
+    console.print(f"cap for {target} in {crawl_name(s)}: "
                   f"{rate if rate is not None else 'cleared'}", markup=False)
 
 
