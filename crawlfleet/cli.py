@@ -51,8 +51,10 @@ def kafka_up(nodes: Annotated[int, typer.Option(help="1 or 3 nodes.")] = 1,
              ) -> None:
     """Start the local broker(s); idempotent. Prints the bootstrap servers."""
     from infra import kafka_local
+    from infra.broker_note import note_broker
     try:
         console.print(kafka_local.up(nodes=nodes, base_dir=dir, heap_mb=heap_mb))
+        note_broker(dir)  # found from any folder (`crawlfleet crawl` elsewhere uses it)
     except CrawlfleetError as exc:
         _fail(exc)
 

@@ -34,6 +34,7 @@ from crawlfleet.phases import Phases
 from crawlfleet.progress import _progress_line, _progress_table, paused_notes, starting_stages
 from crawlfleet.reach import resolve_bootstrap
 from infra import kafka_local
+from infra.broker_note import note_broker, noted_bootstrap
 from infra.lag import LagProbe
 from infra.store_query import run_query
 from infra.topics import adopt_partitions, create_topics, delete_topics, topology_of
@@ -102,6 +103,8 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
     """
     console = console or Console(stderr=True)
     phases, began = Phases(), time.time()
+    if not settings.bootstrap_servers and not kafka_local.status().running:
+        settings = settings.replace(bootstrap_servers=noted_bootstrap())  # another folder's
     starting = not settings.bootstrap_servers and not kafka_local.status().running
     if starting:
         console.print("no Kafka configured and the local broker is not running: starting it "
@@ -109,6 +112,7 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
         # Its address is known once it is spawned: the workers start (and wait for it)
         # while it comes up; the crawl waits for it before it makes its topics.
         settings = settings.replace(bootstrap_servers=kafka_local.up(wait=False))
+        note_broker()
     else:
         settings = resolve_bootstrap(settings, start_local=True)
         phases.mark("broker")

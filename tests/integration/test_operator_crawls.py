@@ -142,3 +142,20 @@ def test_a_crawl_whose_every_seed_is_refused_exits_nothing_fetched(
     out = _cli(_env(settings), "crawl", str(seeds))
     assert out.returncode == 4, out.stdout + out.stderr
     assert "nothing could be fetched" in out.stderr
+
+
+def test_a_command_in_another_folder_finds_the_users_broker(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Before: "no Kafka configured and no local broker running" (and a crawl tried to start
+    a second broker on the taken port). The broker `kafka up` started is noted per user."""
+    from infra.broker_note import note_broker, noted_bootstrap
+    note_broker(Path(__file__).resolve().parents[2] / ".crawlfleet" / "test-kafka")
+    assert noted_bootstrap() == kafka_bootstrap
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRAWLFLEET_")}
+    elsewhere = tmp_path / "another-folder"
+    elsewhere.mkdir()
+    out = subprocess.run([sys.executable, "-m", "crawlfleet.cli", "crawls"], cwd=elsewhere,
+                         env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+                         capture_output=True, text=True, timeout=WAIT_S, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "crawls" in out.stdout
