@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -49,8 +51,10 @@ def kafka_up(nodes: Annotated[int, typer.Option(help="1 or 3 nodes.")] = 1,
              ) -> None:
     """Start the local broker(s); idempotent. Prints the bootstrap servers."""
     from infra import kafka_local
+    from infra.broker_note import note_broker
     try:
         console.print(kafka_local.up(nodes=nodes, base_dir=dir, heap_mb=heap_mb))
+        note_broker(dir)  # found from any folder (`crawlfleet crawl` elsewhere uses it)
     except CrawlfleetError as exc:
         _fail(exc)
 
@@ -246,9 +250,39 @@ def crawl_cmd(seeds: Annotated[str, typer.Argument(
                       "Also archive every stored page as WARC files in DIR.", "warc_dir",
                       "none"))] = None
               ) -> None:
-    """Crawl from SEEDS with every stage as its own process; stop when drained."""
+    """Crawl from SEEDS with every stage as its own process; stop when drained.
+
+    The crawl's name (its topic prefix) and the command that resumes it are printed at the
+    start. Ctrl-C or SIGTERM stops it cleanly: a summary marked interrupted, its topics kept,
+    and the resume command again. Exit status: 0 drained; 1 timed out (--timeout); 2 a usage
+    or setup error; 3 drained, but some seed lines were bad; 4 drained, but nothing could be
+    fetched (every seed refused: robots, address, scope); 130 interrupted (SIGINT), 143
+    interrupted (SIGTERM)."""
     from crawlfleet import crawl
+    from crawlfleet.crawls import store_place
     from crawlfleet.fleet import Plan
+    given = {"--config": config, "--bootstrap": bootstrap, "--clickhouse": clickhouse,
+             "--data-dir": data_dir, "--allow-hosts": allow_hosts, "--rate-cap": rate_cap,
+             "--max-depth": max_depth, "--scope": scope,
+             "--fetch-workers": fetch_workers if fetch_workers != 1 else None,
+             "--parse-workers": parse_workers if parse_workers != 1 else None}
+    flags = ["--allow-private"] if allow_private else []
+    resume: list[str] = []
+
+    def announce(s: Any) -> None:
+        resume.append(resume_command(seeds, s.topic_prefix, given, flags))
+        err_console.print(f"crawl {s.topic_prefix} started (store: {store_place(s)})",
+                          markup=False, highlight=False)
+        err_console.print(f"stop it with Ctrl-C; resume it with: {resume[0]}", markup=False,
+                          highlight=False)
+
+    signalled: list[int] = []
+
+    def on_term(signum: int, _frame: Any) -> None:
+        signalled.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
     try:
         s = _settings(config, bootstrap=bootstrap, clickhouse=clickhouse, data_dir=data_dir,
                       topic_prefix=topic_prefix, allow_private=allow_private or None,
@@ -258,20 +292,56 @@ def crawl_cmd(seeds: Annotated[str, typer.Argument(
         lines = sys.stdin.readlines() if seeds == "-" else \
             Path(seeds).read_text(encoding="utf-8", errors="replace").splitlines()
         summary = crawl.run_crawl(s, lines, plan, console=err_console, timeout_s=timeout,
-                                  keep_topics=keep_topics)
+                                  keep_topics=keep_topics, on_start=announce)
     except OSError as exc:
         _error(str(exc))
         raise typer.Exit(2) from exc
     except CrawlfleetError as exc:
         _fail(exc)
         return
+    except KeyboardInterrupt:  # before the crawl began (or a second Ctrl-C): no summary
+        err_console.print("interrupted" + (f"; resume with: {resume[0]}" if resume else ""),
+                          markup=False, highlight=False)
+        raise typer.Exit(EXIT_SIGNAL + (signalled[0] if signalled else signal.SIGINT)) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     crawl.print_summary(summary, console)
     if summary_json:
         crawl.summary_json(summary, summary_json)
+    raise typer.Exit(crawl_exit(summary, signalled[0] if signalled else signal.SIGINT,
+                                resume[0] if resume else ""))
+
+
+#: Exit status of a crawl that drained but stored no page: every seed was refused.
+EXIT_NOTHING_FETCHED = 4
+#: An interrupted crawl exits 128 + the signal's number, as a shell reports it.
+EXIT_SIGNAL = 128
+
+
+def crawl_exit(summary: Any, signum: int, resume: str) -> int:
+    """The exit status of a finished ``crawl`` (see its help), saying what it means."""
+    if summary.interrupted:
+        err_console.print(f"interrupted: resume with: {resume}", markup=False,
+                          highlight=False)
+        return EXIT_SIGNAL + signum
     if not summary.drained:
-        raise typer.Exit(1)
-    if summary.seed_errors:
-        raise typer.Exit(EXIT_BAD_LINES)
+        return 1
+    if not summary.pages_stored:
+        err_console.print("nothing could be fetched: every seed was refused (see the dead "
+                          "letters above: `crawlfleet dlq list`)", markup=False,
+                          highlight=False)
+        return EXIT_NOTHING_FETCHED
+    return EXIT_BAD_LINES if summary.seed_errors else 0
+
+
+def resume_command(seeds: str, prefix: str, given: dict[str, Any], flags: list[str]) -> str:
+    """The command line that resumes a crawl: its options as given, and its prefix (its
+    seeds again: already-seen pages are dropped by their dedupe keys)."""
+    words = ["crawlfleet", "crawl", seeds, "--topic-prefix", prefix]
+    for option, value in given.items():
+        if value is not None:
+            words += [option, str(value)]
+    return shlex.join(words + flags)
 
 
 # --- demo ----------------------------------------------------------------------------------
@@ -334,7 +404,7 @@ def demo_cmd(port: Annotated[int, typer.Option(
 
 # The operator commands register themselves on ``app`` when imported (after these, so the
 # help lists the everyday commands first).
-from crawlfleet import cli_dashboard, cli_ops  # noqa: E402,F401
+from crawlfleet import cli_crawls, cli_dashboard, cli_ops  # noqa: E402,F401
 
 
 def main() -> None:

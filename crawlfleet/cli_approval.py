@@ -3,30 +3,22 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from core.config import Settings
 from core.errors import CrawlfleetError
 from crawlfleet.cli_base import (
     BootstrapOpt,
     ConfigOpt,
-    PrefixOpt,
+    CrawlOpt,
+    DataDirOpt,
     _error,
     _fail,
-    _settings,
     command,
     console,
+    crawl_settings,
 )
-
-
-def _control_settings(config: Path | None, bootstrap: str | None,
-                      topic_prefix: str | None) -> Settings:
-    from crawlfleet.reach import reach_kafka
-    return reach_kafka(_settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix))
-
 
 TupleArg = Annotated[str, typer.Argument(
     metavar="TUPLE", help="A version tuple: bundle=B;http=H;tls=T;code=C (quote it).")]
@@ -43,13 +35,14 @@ def _tuple(text: str) -> Any:
 
 @command("approve")
 def approve_cmd(versions: Annotated[list[str] | None, typer.Argument(
-                    metavar="[TUPLE]...", help="Version tuples: bundle=B;http=H;tls=T;code=C "
+                    metavar="TUPLE", show_default=False,
+                    help="Version tuples: bundle=B;http=H;tls=T;code=C "
                     "(quote each).")] = None,
                 current: Annotated[bool, typer.Option(
                     "--current", help="Also approve the tuple this install runs as (its "
                     "configuration, libraries and code revision). [default: off]")] = False,
                 config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
-                topic_prefix: PrefixOpt = None) -> None:
+                topic_prefix: CrawlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Add version tuples to the fleet's approved set, in one write (through crawl.control).
     Once the set is non-empty, only workers running as an approved tuple consume."""
     from core.versions import worker_tuple
@@ -59,7 +52,7 @@ def approve_cmd(versions: Annotated[list[str] | None, typer.Argument(
         _error("name a TUPLE or pass --current")
         raise typer.Exit(2)
     try:
-        s = _control_settings(config, bootstrap, topic_prefix)
+        s = crawl_settings(config, bootstrap, topic_prefix, data_dir)
         if current:
             chosen.append(worker_tuple(s))
         control.approve(s, chosen)
@@ -72,12 +65,12 @@ def approve_cmd(versions: Annotated[list[str] | None, typer.Argument(
 
 @command("approved")
 def approved_cmd(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
-                 topic_prefix: PrefixOpt = None) -> None:
+                 topic_prefix: CrawlOpt = None, data_dir: DataDirOpt = None) -> None:
     """List the fleet's approved version tuples (empty: no enforcement)."""
     from core.versions import worker_tuple
     from producers import control
     try:
-        s = _control_settings(config, bootstrap, topic_prefix)
+        s = crawl_settings(config, bootstrap, topic_prefix, data_dir)
         approved = control.approved(s)
         mine = str(worker_tuple(s))
     except CrawlfleetError as exc:
@@ -92,13 +85,13 @@ def approved_cmd(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
 
 @command("revoke")
 def revoke_cmd(version: TupleArg, config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
-               topic_prefix: PrefixOpt = None) -> None:
+               topic_prefix: CrawlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Take a version tuple out of the approved set: its running workers leave their groups
     within seconds (revoking the last one empties the set: no enforcement)."""
     from producers import control
     chosen = _tuple(version)
     try:
-        s = _control_settings(config, bootstrap, topic_prefix)
+        s = crawl_settings(config, bootstrap, topic_prefix, data_dir)
         control.revoke(s, chosen)
     except CrawlfleetError as exc:
         _fail(exc)

@@ -27,8 +27,23 @@ from core.errors import CrawlfleetError
 class _Command(TyperCommand):
     """Usage lines as a newcomer reads them: ``crawl [OPTIONS] SEEDS``, not ``{seeds}``."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            # An option whose help states its default ("[default: ...; env ...]") gets no
+            # second one from typer ("[default: 0, no soak] [default: 0.0]").
+            if "[default:" in (getattr(param, "help", None) or ""):
+                param.show_default = False  # type: ignore[attr-defined]
+            if param.nargs == -1:  # "TUPLE...", not "TUPLE <list[str]>": no Python types
+                param.display_type = lambda ctx: ""  # type: ignore[attr-defined]
+
     def collect_usage_pieces(self, ctx: Any) -> list[str]:  # typer's own click Context
         return [p.strip("{}") for p in super().collect_usage_pieces(ctx)]
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        """The command list shows each command's whole first sentence, never "...": a
+        description cut short says less than none."""
+        return super().get_short_help_str(limit=max(limit, 300))
 
 
 def _typer(help: str) -> typer.Typer:
@@ -78,6 +93,11 @@ DataDirOpt = Annotated[Path | None, typer.Option(
     "--data-dir", help=setting_help("Local state: chDB store, logs, status.", "data_dir"))]
 PrefixOpt = Annotated[str | None, typer.Option(
     "--topic-prefix", help=setting_help("Namespace of topics and groups.", "topic_prefix"))]
+CrawlOpt = Annotated[str | None, typer.Option(
+    "--topic-prefix", "--crawl", metavar="NAME", help="The crawl to act on: its topic prefix "
+    "or name (`crawlfleet crawls` lists them). [default: the configured prefix (env "
+    "CRAWLFLEET_TOPIC_PREFIX), else the crawl running on the data dir, else the shared "
+    "namespace]")]
 KafkaHomeOpt = Annotated[Path | None, typer.Option(
     help="Kafka home (jars, data). [default: .crawlfleet/kafka, or "
     "$CRAWLFLEET_HOME/kafka]")]
@@ -140,6 +160,23 @@ def _on_cluster(s: Settings) -> Settings:
     from crawlfleet.reach import reach_kafka
     from infra.topics import adopt_partitions
     return adopt_partitions(reach_kafka(s))
+
+
+def crawl_settings(config: Path | None, bootstrap: str | None, topic_prefix: str | None,
+                   data_dir: Path | None = None, **overrides: Any) -> Settings:
+    """Settings on the crawl an operator command means, once its broker answered: the
+    ``--topic-prefix`` (or crawl name) given, else the crawl running on the data dir, else
+    the shared namespace; one whose topics do not exist is an error at once, naming the fix
+    (:mod:`crawlfleet.crawls`)."""
+    from crawlfleet.crawls import pick_namespace, require_namespace
+    from crawlfleet.reach import reach_kafka
+    s = reach_kafka(_settings(config, bootstrap=bootstrap, data_dir=data_dir, **overrides))
+    return require_namespace(pick_namespace(s, topic_prefix))
+
+
+def crawl_name(s: Settings) -> str:
+    """How a command's output names the crawl it acted on."""
+    return f"crawl {s.topic_prefix}" if s.topic_prefix else "the shared fleet"
 
 
 def _error(text: str) -> None:

@@ -11,14 +11,12 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from core.config import (
-    Settings,
-)
 from core.errors import CrawlfleetError
 from crawlfleet.cli_base import (
     BootstrapOpt,
     ClickhouseOpt,
     ConfigOpt,
+    CrawlOpt,
     DataDirOpt,
     PrefixOpt,
     _Command,
@@ -29,6 +27,8 @@ from crawlfleet.cli_base import (
     cell,
     command,
     console,
+    crawl_name,
+    crawl_settings,
     dlq_app,
     err_console,
     setting_help,
@@ -40,36 +40,34 @@ TargetOpt = Annotated[str | None, typer.Option(
     "--target", help="Only this target (host). [default: every target]")]
 
 
-def _control_settings(config: Path | None, bootstrap: str | None,
-                      topic_prefix: str | None) -> Settings:
-    from crawlfleet.reach import reach_kafka
-    return reach_kafka(_settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix))
-
-
 def _toggle(paused: bool, target: str | None, config: Path | None, bootstrap: str | None,
-            topic_prefix: str | None) -> None:
+            topic_prefix: str | None, data_dir: Path | None) -> None:
     from producers import control
     send = control.pause if paused else control.resume
     try:
-        send(_control_settings(config, bootstrap, topic_prefix), target)
+        s = crawl_settings(config, bootstrap, topic_prefix, data_dir)
+        send(s, target)
     except CrawlfleetError as exc:
         _fail(exc)
-    console.print(f"{'paused' if paused else 'resumed'} {target or 'the whole fleet'}",
-                  markup=False)
+    console.print(f"{'paused' if paused else 'resumed'} {target or 'every target'} of "
+                  f"{crawl_name(s)}", markup=False)
 
 
 @command("pause")
 def pause_cmd(target: TargetOpt = None, config: ConfigOpt = None,
-              bootstrap: BootstrapOpt = None, topic_prefix: PrefixOpt = None) -> None:
-    """Stop every fetch worker from dequeuing (globally or for one target); nothing is lost."""
-    _toggle(True, target, config, bootstrap, topic_prefix)
+              bootstrap: BootstrapOpt = None, topic_prefix: CrawlOpt = None,
+              data_dir: DataDirOpt = None) -> None:
+    """Stop every fetch worker of the crawl from dequeuing (globally or for one target);
+    nothing is lost: `crawlfleet resume` goes on where it stopped."""
+    _toggle(True, target, config, bootstrap, topic_prefix, data_dir)
 
 
 @command("resume")
 def resume_cmd(target: TargetOpt = None, config: ConfigOpt = None,
-               bootstrap: BootstrapOpt = None, topic_prefix: PrefixOpt = None) -> None:
+               bootstrap: BootstrapOpt = None, topic_prefix: CrawlOpt = None,
+               data_dir: DataDirOpt = None) -> None:
     """Undo `crawlfleet pause` (globally or for one target)."""
-    _toggle(False, target, config, bootstrap, topic_prefix)
+    _toggle(False, target, config, bootstrap, topic_prefix, data_dir)
 
 
 @command("unquarantine")
@@ -84,7 +82,7 @@ def unquarantine_cmd(target: Annotated[str, typer.Argument(
                                          "[default: the target pause]")
                      ] = None,
                      config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
-                     topic_prefix: PrefixOpt = None) -> None:
+                     topic_prefix: CrawlOpt = None, data_dir: DataDirOpt = None) -> None:
     """Lift a quarantine before it ends: the target pause (default), or one profile's or
     egress's on TARGET (a tombstone on crawl.control; `crawlfleet top` lists them)."""
     from core.errors import KafkaStageError
@@ -98,7 +96,7 @@ def unquarantine_cmd(target: Annotated[str, typer.Argument(
         ("egress", egress_name) if egress_name else ("target", "")
     key = quarantine_key(scope, target, name or "")
     try:
-        s = _control_settings(config, bootstrap, topic_prefix)
+        s = crawl_settings(config, bootstrap, topic_prefix, data_dir)
         out = Encoder(topology_of(s), "control").control(key, None)
         producer = connected_producer(producer_conf(s, "crawlfleet-control"))
         producer.produce(out.topic, key=out.key, value=None, partition=out.partition)
@@ -115,17 +113,20 @@ def cap_cmd(target: Annotated[str, typer.Argument(metavar="TARGET", help="Target
                 metavar="RATE", help="Requests per second; omit to clear the live cap.")
             ] = None,
             config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
-            topic_prefix: PrefixOpt = None) -> None:
-    """Set a live per-target rate cap for the whole fleet (through crawl.control)."""
+            topic_prefix: CrawlOpt = None, data_dir: DataDirOpt = None) -> None:
+    """Set a live per-target rate cap for every fetch worker of the crawl (through
+    crawl.control)."""
     from producers import control
     if rate is not None and rate <= 0:
         _error("rate must be > 0")
         raise typer.Exit(2)
     try:
-        control.set_cap(_control_settings(config, bootstrap, topic_prefix), target, rate)
+        s = crawl_settings(config, bootstrap, topic_prefix, data_dir)
+        control.set_cap(s, target, rate)
     except CrawlfleetError as exc:
         _fail(exc)
-    console.print(f"cap for {target}: {rate if rate is not None else 'cleared'}", markup=False)
+    console.print(f"cap for {target} in {crawl_name(s)}: "
+                  f"{rate if rate is not None else 'cleared'}", markup=False)
 
 
 # --- chaos ---------------------------------------------------------------------------------
@@ -309,6 +310,9 @@ def sql_cmd(query: Annotated[str | None, typer.Argument(
         sys.stdout.write("\t".join(cols) + "\n")
         for r in rows:
             sys.stdout.write("\t".join(str(v) for v in r) + "\n")
+    elif not rows:
+        console.print("0 rows" + (f" ({', '.join(cols)})" if cols else ""), markup=False,
+                      highlight=False)
     else:
         t = Table(*cols)
         for r in rows:
@@ -330,7 +334,7 @@ def _print_graph(config: Path | None) -> None:
 
 @command("top")
 def top_cmd(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
-            topic_prefix: PrefixOpt = None, clickhouse: ClickhouseOpt = None,
+            topic_prefix: CrawlOpt = None, clickhouse: ClickhouseOpt = None,
             data_dir: DataDirOpt = None,
             refresh: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 2.0,
             once: Annotated[bool, typer.Option(
@@ -351,15 +355,17 @@ def top_cmd(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
         _print_graph(config)
         return
     try:
-        s = _control_settings(config, bootstrap, topic_prefix)
-        s = _settings(config, bootstrap=s.bootstrap_servers, topic_prefix=topic_prefix,
-                      clickhouse=clickhouse, data_dir=data_dir)
+        s = crawl_settings(config, bootstrap, topic_prefix, data_dir, clickhouse=clickhouse)
         view = FleetView(s)
     except CrawlfleetError as exc:
         _fail(exc)
         return
     try:
         if once or not console.is_terminal:
+            # A rate is the difference of two samples: the one printed is the second,
+            # ``refresh`` seconds after the first (one alone showed 0.0 records/s).
+            view.snapshot()
+            _time.sleep(refresh)
             console.print(render(view.snapshot()))
             return
         with Live(render(view.snapshot()), console=console, screen=True,
@@ -388,6 +394,9 @@ def _dlq_filters(reason: str | None, target: str | None, since: str | None) -> A
 
 
 def _print_rows(cols: Any, rows: Any) -> None:
+    if not rows:
+        console.print("0 rows", markup=False, highlight=False)
+        return
     t = Table(*cols)
     for r in rows:
         t.add_row(*(cell(v) for v in r))
@@ -434,7 +443,7 @@ def dlq_replay(reason: ReasonOpt = None, target: TargetOpt = None, since: SinceO
                    "--all", help="With no --reason, --target or --since: replay every dead "
                    "letter that can succeed. [default: off]")] = False,
                config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
-               topic_prefix: PrefixOpt = None, clickhouse: ClickhouseOpt = None,
+               topic_prefix: CrawlOpt = None, clickhouse: ClickhouseOpt = None,
                data_dir: DataDirOpt = None) -> None:
     """Put the selected dead jobs back on the frontier: fresh attempts, a replay mark, the
     normal robots, cap, scope and dedupe path. Replaying the same selection again is a
@@ -442,14 +451,18 @@ def dlq_replay(reason: ReasonOpt = None, target: TargetOpt = None, since: SinceO
     them (nothing but a change of the site or the settings can cure them)."""
     from crawlfleet import dlq
     try:
-        s = _settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix,
-                      clickhouse=clickhouse, data_dir=data_dir)
         filters = _dlq_filters(reason, target, since)
         if filters.empty and not all_:
             _error("no filter: this would replay every dead letter; name --reason, --target "
                    "or --since, or pass --all")
             raise typer.Exit(2)
-        plan, report = dlq.replay(s if dry_run else _on_cluster(s), filters, dry_run)
+        if dry_run:
+            s = _settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix,
+                          clickhouse=clickhouse, data_dir=data_dir)
+        else:
+            s = _on_cluster(crawl_settings(config, bootstrap, topic_prefix, data_dir,
+                                           clickhouse=clickhouse))
+        plan, report = dlq.replay(s, filters, dry_run)
     except CrawlfleetError as exc:
         _fail(exc)
         return

@@ -12,7 +12,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from rich.table import Table
 from core.config import Settings
 from core.errors import InfraError
 from crawlfleet import health
+from crawlfleet.crawls import CRAWL_LOCK, note_end, store_place
 
 # Fleet, Plan and settings_env lived here first: re-exported for their many users.
 from crawlfleet.fleet import PARTITIONS_PER_WORKER as PARTITIONS_PER_WORKER
@@ -31,13 +32,15 @@ from crawlfleet.fleet import Fleet, Plan
 from crawlfleet.fleet import settings_env as settings_env
 from crawlfleet.health import HeldRecheck, HeldWork, StallWatch, read_held_work, stalls
 from crawlfleet.phases import Phases
+from crawlfleet.progress import _progress_line, _progress_table, paused_notes, starting_stages
 from crawlfleet.reach import resolve_bootstrap
 from infra import kafka_local
+from infra.broker_note import note_broker, noted_bootstrap
 from infra.lag import LagProbe
 from infra.store_query import run_query
 from infra.topics import adopt_partitions, create_topics, delete_topics, topology_of
 from producers.frontier import PublishReport, jobs_from_lines, publish
-from schemas.stages import analytics_stages, stage_spec, stages_where
+from schemas.stages import analytics_stages, stages_where
 from schemas.topics import Topology
 from streams.status import holds_work, read_statuses
 
@@ -60,6 +63,7 @@ class Summary:
     crawl_seconds: float  # first page fetched → last page stored (what peers time)
     crawl_pages_per_s: float
     drained: bool
+    interrupted: bool = False  # SIGINT or SIGTERM ended it: its topics are kept to resume
     restarts: int = 0
     topics_deleted: int = 0  # this run's own topics, deleted once it drained
     #: target → why its URLs were refused and which setting allows them (once per target)
@@ -76,11 +80,14 @@ class Summary:
     #: topics, workers started, ready, published, first fetch, last store, drained, stopped.
     phases: dict[str, float] = field(default_factory=dict)
     statuses: list[dict[str, Any]] = field(default_factory=list)
+    store: str = ""  # where the pages are: every crawl of one data dir shares this store
+    paused: bool = False  # the fetch workers were paused (`crawlfleet pause`) at the end
 
 
 def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
               console: Console | None = None, timeout_s: float | None = None,
-              keep_topics: bool = False) -> Summary:
+              keep_topics: bool = False,
+              on_start: Callable[[Settings], None] | None = None) -> Summary:
     """Crawl from ``seeds`` until the pipeline drains (or ``timeout_s``); return a summary.
 
     Without a configured topic prefix the crawl gets a namespace of its own
@@ -90,10 +97,15 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
     nothing can resume a finished one-off crawl. A crawl that did not drain keeps them, so it
     can be resumed with ``--topic-prefix`` (which adopts existing topics and their partition
     count, and deletes nothing). The data dir is held for the crawl's life
-    (:func:`hold_data_dir`).
+    (:func:`hold_data_dir`). ``on_start`` is told the crawl's settings (its prefix) once
+    it holds the data dir, before anything is crawled: what resumes it is known from the
+    start. SIGINT (KeyboardInterrupt) ends it with a summary marked interrupted; its topics
+    are kept, so it can be resumed.
     """
     console = console or Console(stderr=True)
-    phases = Phases()
+    phases, began = Phases(), time.time()
+    if not settings.bootstrap_servers and not kafka_local.status().running:
+        settings = settings.replace(bootstrap_servers=noted_bootstrap())  # another folder's
     starting = not settings.bootstrap_servers and not kafka_local.status().running
     if starting:
         console.print("no Kafka configured and the local broker is not running: starting it "
@@ -101,6 +113,7 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
         # Its address is known once it is spawned: the workers start (and wait for it)
         # while it comes up; the crawl waits for it before it makes its topics.
         settings = settings.replace(bootstrap_servers=kafka_local.up(wait=False))
+        note_broker()
     else:
         settings = resolve_bootstrap(settings, start_local=True)
         phases.mark("broker")
@@ -113,6 +126,8 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
     if ephemeral and not settings.partitions:
         settings = settings.replace(partitions=plan.partitions())
     with hold_data_dir(settings):
+        if on_start is not None:
+            on_start(settings)
         # With its partition count known (always, for a one-off crawl) a worker needs
         # nothing of the broker: the workers start, and import, while the topics are made
         # (each waits for its topics before it joins its group).
@@ -135,7 +150,10 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
         summary = _crawl(settings, seeds, plan, console, timeout_s, phases,
                          fleet or _fleet(settings, plan),
                          frontier_empty=topology_of(settings).frontier in created)
-        if ephemeral and not keep_topics:
+        note_end(settings.data_dir, settings.topic_prefix, began,
+                 "interrupted" if summary.interrupted else
+                 "finished" if summary.drained else "timed out", summary.pages_stored)
+        if ephemeral and not keep_topics and not summary.interrupted:
             try:
                 summary.topics_deleted = len(delete_topics(settings, topics=created))
             except InfraError as exc:
@@ -167,6 +185,7 @@ def _crawl(settings: Settings, seeds: list[str], plan: Plan, console: Console,
         fleet.start()
         phases.mark("workers_started")
     started, start_wall = fleet.started_at, fleet.started_wall
+    report, published_wall, interrupted = PublishReport(), time.time(), False
     try:
         requesting = stages_where("sends_requests")
         if any(fleet.plan.workers(st) > 1 for st in requesting):
@@ -183,16 +202,25 @@ def _crawl(settings: Settings, seeds: list[str], plan: Plan, console: Console,
             console.print(f"seed line {line}: {reason}", style="yellow", markup=False)
         if report.profile_warning():
             console.print(f"seeds: {report.profile_warning()}", style="yellow", markup=False)
-        drained = _watch(settings, fleet, console, timeout_s, started)
-        phases.mark("drained" if drained else "timed_out")
+        try:
+            drained = _watch(settings, fleet, console, timeout_s, started)
+        except KeyboardInterrupt:
+            # Ctrl-C (or SIGTERM, made one by the CLI): every worker leaves its group
+            # cleanly first, then the summary is read from the store, opened here.
+            interrupted, drained = True, False
+        phases.mark("interrupted" if interrupted else "drained" if drained else "timed_out")
         elapsed = time.monotonic() - started
         # The workers' last word is read before they are told to stop: a worker removes
         # its status file as it exits, and one that exits while the store answers the
         # summary's queries (seconds, on a large crawl) would be missing from it.
         statuses = read_statuses(settings.status_dir)
-        fleet.signal(but=stages_where("store_owner"))
+        if interrupted:
+            fleet.stop()
+        else:
+            fleet.signal(but=stages_where("store_owner"))
         summary = _summarise(settings, report, start_wall, elapsed, drained, fleet,
                              published_wall, statuses)
+        summary.interrupted = interrupted
         if summary.pages_stored:
             phases.mark_wall("first_fetch", summary.first_fetch_at)
             phases.mark_wall("last_store", summary.last_store_at)
@@ -219,8 +247,6 @@ class DataDirBusyError(InfraError):
     reason = "data_dir_busy"
 
 
-#: The crawl's own lock file in its data dir (not the store's: that one is chDB's).
-CRAWL_LOCK = "crawl.lock"
 
 
 @contextlib.contextmanager
@@ -386,7 +412,9 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
                 lags = probe.stage_lags(topo)
                 ends = dict(probe.ends)
                 now = time.monotonic()
-                stalled = stall_watch.update(stalls(lags, statuses), now)
+                starting = starting_stages(fleet, statuses)
+                stalled = stall_watch.update({st: why for st, why in stalls(lags, statuses).items()
+                                              if st not in starting}, now)
                 quiet = _calm(statuses, lags, fleet)
                 tail = not quiet and _calm(statuses, lags, fleet, but=stages_where("store_owner"))
                 drained = False
@@ -402,7 +430,7 @@ def _watch(settings: Settings, fleet: Fleet, console: Console, timeout_s: float 
                     if held is not None and held.empty:
                         again = probe.stage_lags(topo)
                         drained = all(v == 0 for v in again.values()) and probe.ends == ends
-                notes = list(stalled.values()) + refusals(statuses)
+                notes = paused_notes(statuses) + list(stalled.values()) + refusals(statuses)
                 q_note, q_said = quarantines.look(statuses, lags)
                 notes += [q_note] if q_note else []
                 if q_said:  # nothing else left: a one-off crawl does not wait them out
@@ -459,48 +487,6 @@ def _calm(statuses: list[dict[str, Any]], lags: dict[str, int], fleet: Fleet,
     return all(v == 0 for stage, v in lags.items() if stage not in but)
 
 
-def _totals(statuses: list[dict[str, Any]]) -> dict[str, int]:
-    totals: dict[str, int] = {}
-    for s in statuses:
-        for k, v in s.get("counters", {}).items():
-            totals[f"{s['stage']}.{k}"] = totals.get(f"{s['stage']}.{k}", 0) + v
-    return totals
-
-
-def _progress_line(statuses: list[dict[str, Any]], lags: dict[str, int],
-                   elapsed: float, notes: list[str] | None = None) -> str:
-    """The live table's figures as one plain line (output that is not a terminal), and
-    what holds the crawl (stalled stages, work the broker holds), if anything."""
-    totals = _totals(statuses)
-    return (f"{elapsed:5.0f}s  fetched {totals.get('fetch.fetched', 0)}  stored "
-            f"{totals.get('store.stored_pages', 0)}  retries {totals.get('fetch.retries', 0)}  "
-            f"dead {totals.get('fetch.dead', 0) + totals.get('parse.dead', 0)}  queues: "
-            + " ".join(f"{stage} {_lag_text(lag)}" for stage, lag in lags.items())
-            + "".join(f"  | {n}" for n in notes or ()))
-
-
-def _lag_text(lag: int) -> str:
-    """A stage's lag as shown: ``?`` while a partition's end offset is unknown (the probe's
-    -1: a look that did not answer in time), never a number that is not one."""
-    return "?" if lag < 0 else str(lag)
-
-
-def _progress_table(statuses: list[dict[str, Any]], lags: dict[str, int],
-                    elapsed: float, notes: list[str] | None = None) -> Table:
-    totals = _totals(statuses)
-    t = Table(title=f"crawlfleet — {elapsed:.0f}s", show_header=True,
-              caption="\n".join(notes or ()) or None, caption_style="bold red")
-    queues = [stage_spec(stage).label or stage for stage in lags]
-    queues[0] = f"queue: {queues[0]}"
-    for col in ("fetched", "stored", "retries", "dead", *queues):
-        t.add_column(col, justify="right")
-    t.add_row(str(totals.get("fetch.fetched", 0)), str(totals.get("store.stored_pages", 0)),
-              str(totals.get("fetch.retries", 0)),
-              str(totals.get("fetch.dead", 0) + totals.get("parse.dead", 0)),
-              *(_lag_text(lag) for lag in lags.values()))
-    return t
-
-
 def _summarise(settings: Settings, report: PublishReport, start_wall: float, elapsed: float,
                drained: bool, fleet: Fleet, published_wall: float,
                statuses: list[dict[str, Any]]) -> Summary:
@@ -536,7 +522,8 @@ def _summarise(settings: Settings, report: PublishReport, start_wall: float, ela
         publish_seconds=round(max(0.0, last_stored - published_wall), 3),
         start_seconds=round(max(0.0, last_stored - start_wall), 3),
         first_fetch_at=first_fetched, last_store_at=last_stored,
-        hop_ms=_hops(hop_rows))
+        hop_ms=_hops(hop_rows), store=store_place(settings),
+        paused=bool(paused_notes(statuses)))
 
 
 def hop_sql(since: str) -> str:
@@ -584,7 +571,12 @@ def print_summary(summary: Summary, console: Console) -> None:
         h = summary.hop_ms
         t.add_row("link hop p50 / p90 / p99 (ms)",
                   f"{h['p50']:.0f} / {h['p90']:.0f} / {h['p99']:.0f} ({h['n']:.0f} links)")
-    t.add_row("drained", "yes" if summary.drained else "no (timed out)")
+    t.add_row("drained", "yes" if summary.drained else
+              "no (interrupted)" if summary.interrupted else "no (timed out)")
+    if summary.paused:
+        t.add_row("paused", "yes (`crawlfleet resume` goes on)")
+    if summary.store:
+        t.add_row("pages stored in", summary.store)
     if summary.restarts:
         t.add_row("worker restarts", str(summary.restarts))
     console.print(t)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from core.config import Settings
 from core.errors import InfraError
 from infra import kafka_local
+from infra.broker_note import note_broker, noted_bootstrap
 from streams.worker import kafka_answers
 
 
@@ -16,10 +17,15 @@ def resolve_bootstrap(settings: Settings, start_local: bool) -> Settings:
     st = kafka_local.status()
     if st.running:
         return settings.replace(bootstrap_servers=st.bootstrap_servers)
+    noted = noted_bootstrap()  # the user's broker, started from another folder
+    if noted:
+        return settings.replace(bootstrap_servers=noted)
     if not start_local:
         raise InfraError("no Kafka configured and no local broker running: pass --bootstrap, "
                          "set CRAWLFLEET_BOOTSTRAP_SERVERS, or run `crawlfleet kafka up`")
-    return settings.replace(bootstrap_servers=kafka_local.up())
+    bootstrap = kafka_local.up()
+    note_broker()
+    return settings.replace(bootstrap_servers=bootstrap)
 
 
 #: How long a one-shot command (publish, topics, top, pause, ...) waits for Kafka to answer

@@ -32,6 +32,7 @@ from core.config import Settings
 from core.errors import CrawlfleetError
 from core.timefmt import clock_utc
 from crawlfleet.health import HeldWork, quarantine_held, read_held_work, stalls
+from crawlfleet.progress import kafka_reason
 from infra.lag import LagProbe
 from infra.store_query import run_query
 from infra.topics import topology_of
@@ -166,7 +167,7 @@ class FleetView:
                     continue
                 out[groups[group]] = sorted(m.client_id for m in desc.members)
         except KafkaException as exc:
-            notes.append(f"groups unavailable: {exc}")
+            notes.append(f"groups unavailable: {kafka_reason(exc)}")
         return out
 
     def _query(self, sql: str) -> tuple[list[str], list[list[Any]]]:

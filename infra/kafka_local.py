@@ -227,7 +227,10 @@ def _check_ports(cluster: _Cluster, node_id: int, grace_s: float = 15.0) -> None
             if _port_open(port) or time.monotonic() >= deadline:
                 raise InfraError(
                     f"port {HOST}:{port} for Kafka node {node_id} is taken by another process; "
-                    "stop it or use another base port and --dir"
+                    "if it is a crawlfleet broker started from another folder, use it "
+                    f"with --bootstrap {HOST}:{broker_port(cluster.base_port, 1)} (or "
+                    "CRAWLFLEET_BOOTSTRAP_SERVERS); or run every command from one folder, "
+                    "or set CRAWLFLEET_HOME to one place for all of them"
                 )
             time.sleep(0.2)
 

@@ -89,6 +89,11 @@ def parse_line(line: str, settings: Settings, profile: str | None = None,
         if not isinstance(raw_meta, dict):
             raise InvalidURLError("'meta' must be an object")
         meta = {str(k): str(v) for k, v in raw_meta.items()}
+    elif "://" in text.split()[0] and len(text.split()) > 1:
+        # "http://a/ check this" is no URL: percent-encoding the words would fetch a page
+        # nobody asked for. A URL with a real space in it is written %20 (or as JSON).
+        raise InvalidURLError(f"not one URL (words after it?): {text[:80]!r}; a line "
+                              "holds one URL, or one JSON object, and nothing else")
     if named and not valid_name(named):
         raise InvalidURLError(f"profile {named[:64]!r} is not a profile name (letters, digits, "
                               "'.', '_' or '-')")

@@ -276,7 +276,8 @@ class _Session:
         self.status.gauges.update(self.policy.memory_counts())
         self.status.gauges.update(self.kafka.gauges())
         self.status.gauges.update(inflight=self.dispatch.running, queued=len(self.sched),
-                                  parked=self.parked.total(), seen_keys=len(self.seen))
+                                  parked=self.parked.total(), seen_keys=len(self.seen),
+                                  paused=int(self.dispatch.paused))
         if self.dispatch.running or len(self.sched):
             self.status.add("busy_ticks")
         self.status.write()

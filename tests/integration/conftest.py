@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +29,9 @@ REPO = Path(__file__).resolve().parents[2]
 # Below the ephemeral port range, like every broker port here. Two checkouts testing at
 # once (a worktree beside main) each pick their own with TEST_KAFKA_PORT.
 TEST_PORT = int(os.environ.get("TEST_KAFKA_PORT", "28092"))
+# The user's noted local broker (infra/broker_note.py) is never the tests' to read or write:
+# every process of this session notes brokers in a folder of its own.
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="crawlfleet-state-")
 
 
 @pytest.fixture(scope="session")

@@ -81,3 +81,33 @@ def test_the_rate_cap_default_matches_the_setting_and_readme() -> None:
     assert f"default: {SETTING_DEFAULTS['rate_cap']}; env CRAWLFLEET_RATE_CAP" in \
         " ".join(result.output.split())
     assert SETTING_DEFAULTS["rate_cap"] == 2.0
+
+
+def test_help_shows_each_default_once_and_no_python_types_or_cut_descriptions() -> None:
+    """Issue 44: `chaos --help` said "[default: 0, no soak] [default: 0.0]", `approve`'s
+    usage read "[[TUPLE]...]..." with a type "<list[str]>", and the command list cut
+    descriptions short with "..."."""
+    runner = CliRunner()
+    chaos = runner.invoke(app, ["chaos", "--help"], terminal_width=200).output
+    assert "[default: 0, no soak]" in chaos and "no soak] [default: 0.0]" not in chaos
+    for path, cmd in COMMANDS:  # one default per option, however it is shown
+        ctx = typer.Context(cmd, info_name=path[-1])
+        for param in cmd.params:
+            record = param.get_help_record(ctx)
+            assert record is None or record[1].count("[default:") <= 1, (path, record)
+    approve = runner.invoke(app, ["approve", "--help"], terminal_width=200).output
+    assert "[TUPLE]..." in approve and "[[TUPLE]" not in approve
+    assert "list[str]" not in approve
+    top = runner.invoke(app, ["--help"], terminal_width=200).output
+    assert "..." not in top.split("Commands:")[1]
+    assert "crawls" in top  # the crawls on the broker: listed, removed
+
+
+def test_make_help_lists_every_target() -> None:
+    import subprocess
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(["make", "-s", "help"], cwd=root, capture_output=True, text=True,
+                         check=True).stdout
+    for target in ("demo", "test", "lint", "bench", "soak", "clean-cache"):
+        assert f"make {target} " in out, out

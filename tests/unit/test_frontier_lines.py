@@ -172,3 +172,14 @@ def test_jobs_encode_as_crawljob() -> None:
     for job in jobs_from_lines(lines, SETTINGS, report):
         payload, headers = codec.encode("CrawlJob", job)
         assert codec.decode("CrawlJob", payload, headers) == job
+
+
+def test_a_line_with_words_after_its_url_is_a_bad_line() -> None:
+    """Issue 44: "http://a/ check this" was published as http://a/%20check%20this and
+    fetched; it is one bad line with its reason, and the good lines still go through."""
+    report = PublishReport()
+    jobs = list(jobs_from_lines(["http://a.example/ check this first", "http://b.example/",
+                                 "http://c.example/\tnote"], SETTINGS, report))
+    assert [j["url"] for j in jobs] == ["http://b.example/"]
+    assert [n for n, _ in report.errors] == [1, 3]
+    assert all("not one URL" in why for _, why in report.errors)
