@@ -82,7 +82,7 @@ def _unstorable(record: str) -> list[tuple[bytes, list[tuple[str, bytes]]]]:
                        "target": "x.test", "profile": "default", "depth": -1, "status": 200,
                        "content_type": "", "title": "", "text": "", "links": [],
                        "body_bytes": 0, "fetched_at_ms": now, "fetch_worker": "",
-                       "parse_worker": ""},
+                       "parse_worker": "", "body_z": b""},  # bytes: its JSON default is a str
         "FetchEvent": {"url": "http://x.test/", "target": "x.test", "profile": "default",
                        "attempt": -1, "status": 200, "outcome": "ok", "reason": "",
                        "elapsed_ms": 1, "bytes": 1, "worker": "", "fetcher_version": "",
