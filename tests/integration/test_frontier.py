@@ -148,9 +148,8 @@ def test_a_timing_out_site_gets_less_traffic_and_others_none_the_worse(
 def test_a_long_retry_after_rests_its_site_while_others_retry_on_time(
         settings: Settings, fleet_factory: Callable[..., Fleet]) -> None:
     """``Retry-After: 3600`` on one target; targets in the same partition answer some pages
-    with ``503, Retry-After: 16``: both retries go to the same retry tier (120 s: 16 is
-    just past the 15 s tier) and partition, and theirs must come back after 16 s, not after
-    the hour."""
+    with ``503, Retry-After: 20``: both retries go to the same retry tier and partition,
+    and theirs must come back after 20 s, not after the hour."""
     candidates = _hosts(2, 40)
     part = partition_for(candidates[0], settings.topic_partitions)
     same = [h for h in candidates if partition_for(h, settings.topic_partitions) == part]
@@ -158,7 +157,7 @@ def test_a_long_retry_after_rests_its_site_while_others_retry_on_time(
     assert len(others) == 2
     port = _port([resting, *others])
     behaviours = {resting: Behaviour(status=429, retry_after="3600"),
-                  **{h: Behaviour(flaky_every=4, flaky_retry_after="16") for h in others}}
+                  **{h: Behaviour(flaky_every=4, flaky_retry_after="20") for h in others}}
     s = settings.replace(rate_cap=10.0)
     with BehaviourSite(port, behaviours) as site:
         fleet_factory(s)
