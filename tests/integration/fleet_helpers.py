@@ -33,12 +33,14 @@ from confluent_kafka.admin import AdminClient
 from core.config import Settings
 from core.errors import CrawlfleetError
 from crawlfleet.crawl import settings_env
+from crawlfleet.fleet import ANALYTICS_STOP_S
 from infra.clickhouse import PORT_FILE
 from infra.lag import LagProbe
 from infra.store_query import query_owner, run_query
 from infra.topics import create_topics, topology_of
 from producers.frontier import publish
 from schemas.codec import default_codec
+from schemas.stages import analytics_stages
 from streams.status import holds_work
 
 T = TypeVar("T")
@@ -239,12 +241,18 @@ class Workers:
             if w.alive():
                 assert w.proc is not None
                 w.proc.send_signal(signal.SIGTERM)
+        # An analytics worker (the faust quarantine app) gets the grace a crawl's fleet gives
+        # it (crawlfleet.fleet.ANALYTICS_STOP_S): at least once by design, and a joined app
+        # took the whole 20 s here before its SIGKILL.
         deadline = time.monotonic() + 20
+        analytics_deadline = time.monotonic() + ANALYTICS_STOP_S
+        analytics = analytics_stages()
         for w in self.all.values():
             if w.proc is None:
                 continue
+            until = analytics_deadline if w.stage in analytics else deadline
             try:
-                w.proc.wait(max(0.1, deadline - time.monotonic()))
+                w.proc.wait(max(0.1, until - time.monotonic()))
             except subprocess.TimeoutExpired:
                 w.proc.kill()
                 w.proc.wait(10)

@@ -27,6 +27,8 @@ from infra.topics import create_topics, topology_of
 from producers import control
 from sites.behaviour_site import Behaviour, BehaviourSite
 from sites.demo_server import free_port
+from streams.control import cap_key
+from streams.io import Encoder, connected_producer, producer_conf
 
 pytestmark = pytest.mark.integration
 
@@ -38,6 +40,21 @@ def _fetch_parts(ws: Workers, wid: str) -> set[tuple[str, int]]:
     return ws.all[wid].assignment() if wid in ws.all else set()
 
 
+def _set_caps(s: Settings, targets: list[str], rate: float) -> None:
+    """What ``control.set_cap`` writes for each target, through one producer: 400 producers
+    one after the other took ~40 s of the test; the topic holds the same records either way
+    (a reader's batches are cut by its ``consume`` calls, not by who produced them)."""
+    topo = topology_of(s)
+    enc = Encoder(topo, "test-caps")
+    producer = connected_producer(producer_conf(s, "test-caps"))
+    for target in targets:
+        out = enc.control(cap_key(target), {"kind": "cap", "target": target, "value": rate,
+                                            "text": None, "issued_by": "test"})
+        producer.produce(out.topic, key=out.key, value=out.value, headers=out.headers,
+                         partition=out.partition)
+    assert producer.flush(30) == 0, "cap records not delivered"
+
+
 def test_a_pause_issued_before_a_worker_starts_is_honoured(
         settings: Settings, fleet: Callable[[Settings], Workers]) -> None:
     """The pause is the last of many control records: a worker that read only a first batch
@@ -46,9 +63,8 @@ def test_a_pause_issued_before_a_worker_starts_is_honoured(
     port = free_port((HOST,), 18830)
     with BehaviourSite(port, {HOST: Behaviour()}) as site:
         create_all_topics(s)
-        for i in range(400):  # settings in force for other targets, then the pause
-            control.set_cap(s, f"127.0.0.{100 + i % 100}:{9000 + i}", 5.0)
-        control.pause(s)
+        _set_caps(s, [f"127.0.0.{100 + i % 100}:{9000 + i}" for i in range(400)], 5.0)
+        control.pause(s)  # settings in force for other targets, then the pause
         urls = site.urls(HOST, 30)
         publish_seeds(s, urls)
         ws = fleet(s)

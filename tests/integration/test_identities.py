@@ -97,7 +97,9 @@ def _pages(site: SessionSite, ua: str, prefix: str) -> list[dict[str, Any]]:
 
 def test_cookies_stay_with_their_target_and_profile_and_a_new_owner_starts_clean(
         settings: Settings, fleet: Any, site_port: int) -> None:
-    s = dataclasses.replace(settings, rate_cap=5.0, profiles={
+    # A short session: the stopped worker is a static member (no LeaveGroup on close), so
+    # its partitions reach fetch-1 only once its session expires (the default 30 s).
+    s = dataclasses.replace(settings, rate_cap=5.0, session_timeout_ms=6000, profiles={
         "alpha": {"user_agent": ALPHA_UA, "region": "local", "cookies": True},
         "beta": {"user_agent": BETA_UA, "region": "local", "cookies": True}},
         default_profile="alpha")

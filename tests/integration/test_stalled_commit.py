@@ -82,7 +82,8 @@ def test_a_stop_during_a_stalled_commit_starts_no_request(
     s = settings.replace(rate_cap=20.0)  # max_uncommitted as shipped
     port = free_port(HOSTS, 18860)
     with BehaviourSite(port, {h: Behaviour() for h in HOSTS}) as site:
-        ws, fetch, urls = _stalled_crawl(s, fleet, site, 25)
+        # 12 s: the 6.5 s watched below with margin; the stop waits out the rest of it.
+        ws, fetch, urls = _stalled_crawl(s, fleet, site, 12)
         time.sleep(1.0)  # the stall is under way; the dispatcher keeps running
         before_stop = len(site.pages())
         os.kill(fetch.pid, signal.SIGTERM)  # a graceful stop
