@@ -39,6 +39,28 @@ class CrawlJob(TypedDict):
     validators: dict[str, str]
 
 
+class ExchangeFields(TypedDict):
+    """FetchResult v5's part, as consumers.fetch.exchange builds it: the exchange as a WARC
+    record needs it (issue 45.5), the status line and the headers as received, the request
+    as sent ([name, value] pairs; secrets redacted)."""
+
+    status_line: str
+    response_headers: list[list[str]]
+    request_method: str
+    request_url: str
+    request_headers: list[list[str]]
+
+
+class CaptureFields(ExchangeFields):
+    """ParsedPage v7's part, as consumers.warc.capture builds it: what the store's WARC sink
+    writes (the exchange; the body zlib-compressed and its payload digest, both only with
+    ``warc_dir`` set; the last stored capture a revisit record refers to)."""
+
+    body_z: bytes
+    payload_digest: str
+    last_capture: dict[str, str]
+
+
 class FetchResult(TypedDict):
     job: CrawlJob
     final_url: str

@@ -12,21 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any
+
+from schemas.records import ExchangeFields
 
 #: Headers whose values are credentials: kept by name, never by value.
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
 REDACTED = "[redacted]"
-
-
-class ExchangeFields(TypedDict):
-    """FetchResult v5's fields (see :class:`schemas.records.FetchResult`)."""
-
-    status_line: str
-    response_headers: list[list[str]]
-    request_method: str
-    request_url: str
-    request_headers: list[list[str]]
 
 
 @dataclass(frozen=True)

@@ -12,30 +12,16 @@ default), so a page's text plus its compressed body fit the 16 MiB ``max.message
 from __future__ import annotations
 
 import zlib
-from typing import TypedDict
 
 from consumers.warc.refs import carried, last_capture, payload_digest
 from schemas.keys import page_key
-from schemas.records import FetchResult
+from schemas.records import CaptureFields, FetchResult
 
 #: zlib level of a kept body: fast, most of the gain (HTML).
 BODY_LEVEL = 1
 
 
-class PageCapture(TypedDict):
-    """ParsedPage v7's fields (see :class:`schemas.records.ParsedPage`)."""
-
-    status_line: str
-    response_headers: list[list[str]]
-    request_method: str
-    request_url: str
-    request_headers: list[list[str]]
-    body_z: bytes
-    payload_digest: str
-    last_capture: dict[str, str]
-
-
-def page_fields(result: FetchResult, keep_body: bool) -> PageCapture:
+def page_fields(result: FetchResult, keep_body: bool) -> CaptureFields:
     """The ParsedPage v7 fields of a fetched page: none unless the store archives it
     (``keep_body``), so a crawl without WARC output carries nothing more than before."""
     body = result["body"]
