@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from fleet_helpers import Workers
+from fleet_helpers import Proxy, Workers
 
 from core.config import Settings, load_settings
 from core.errors import InfraError
@@ -110,3 +110,17 @@ def fleet() -> Iterator[Callable[[Settings], Workers]]:
     finally:
         for w in made:
             w.close()
+
+
+@pytest.fixture
+def tagged_proxies(tmp_path: Path) -> Iterator[tuple[Proxy, Proxy]]:
+    """Two real forward proxies (proxy.py), tagged px1 and px2 so a site sees which one
+    carried each request."""
+    pair = (Proxy(tmp_path / "px1.log", tag="px1"), Proxy(tmp_path / "px2.log", tag="px2"))
+    try:
+        for p in pair:
+            p.wait_ready()
+        yield pair
+    finally:
+        for p in pair:
+            p.stop()

@@ -13,6 +13,7 @@ import asyncio
 import collections
 import json
 import os
+import queue
 import re
 import signal
 import socket
@@ -632,3 +633,31 @@ class Proxy:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)
+
+
+class OutputLines:
+    """A child process's output, line by line as it comes (a reader thread), for tests
+    that wait on what a command says while it runs."""
+
+    def __init__(self, stream: Any, wait_s: float = 120.0) -> None:
+        self.seen: list[str] = []
+        self.wait_s = wait_s
+        self._q: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self._q.put(line)
+
+    def until(self, pattern: str) -> re.Match[str]:
+        """The first line from now on matching ``pattern``, or fail after ``wait_s``."""
+        deadline = time.monotonic() + self.wait_s
+        while time.monotonic() < deadline:
+            try:
+                line = self._q.get(timeout=1)
+            except queue.Empty:
+                continue
+            self.seen.append(line)
+            if m := re.search(pattern, line):
+                return m
+        raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(self.seen)}")

@@ -10,6 +10,7 @@ expected value comes from ``git`` itself, not from the code under test.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -31,9 +32,14 @@ def _expected() -> str:
 
 
 def _wheel(out: Path, env: dict[str, str] | None = None) -> Path:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out),
-                    str(REPO)], check=True, env={**os.environ, **(env or {})}, cwd=out,
-                   timeout=300)
+    made_build_dir = not (REPO / "build").exists()  # pip builds in the tree: build/lib
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
+                        str(out), str(REPO)], check=True, env={**os.environ, **(env or {})},
+                       cwd=out, timeout=300)
+    finally:
+        if made_build_dir:
+            shutil.rmtree(REPO / "build", ignore_errors=True)
     (wheel,) = out.glob("crawlfleet-*.whl")
     return wheel
 

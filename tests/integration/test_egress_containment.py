@@ -10,8 +10,7 @@ ill health. Before the fix, px2 carried none of the other site's requests after 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from fleet_helpers import (
@@ -33,17 +32,6 @@ pytestmark = pytest.mark.integration
 
 UA = "alphabot/1.0 (+https://example.org/alpha)"
 
-
-@pytest.fixture
-def tagged_proxies(tmp_path: Path) -> Iterator[tuple[Proxy, Proxy]]:
-    pair = (Proxy(tmp_path / "px1.log", tag="px1"), Proxy(tmp_path / "px2.log", tag="px2"))
-    try:
-        for p in pair:
-            p.wait_ready()
-        yield pair
-    finally:
-        for p in pair:
-            p.stop()
 
 
 @pytest.mark.parametrize("failures", [None, 1], ids=["defaults", "egress_failures=1"])

@@ -6,17 +6,15 @@ ends with an interrupted summary, its resume command, and topics that `crawls` l
 from __future__ import annotations
 
 import os
-import queue
 import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient
+from fleet_helpers import OutputLines
 
 from core.config import Settings
 from infra.clickhouse import Store
@@ -66,31 +64,6 @@ def test_an_empty_result_says_0_rows(settings: Settings) -> None:
     assert out.stdout.strip().startswith("0 rows")
 
 
-class _Lines:
-    """A child's stderr, line by line, as it comes."""
-
-    def __init__(self, stream: object) -> None:
-        self.seen: list[str] = []
-        self._q: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
-
-    def _read(self, stream: object) -> None:
-        for line in stream:  # type: ignore[attr-defined]
-            self._q.put(line)
-
-    def until(self, pattern: str) -> re.Match[str]:
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline:
-            try:
-                line = self._q.get(timeout=1)
-            except queue.Empty:
-                continue
-            self.seen.append(line)
-            m = re.search(pattern, line)
-            if m:
-                return m
-        raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(self.seen)}")
-
 
 def test_pause_finds_the_running_crawl_and_sigterm_ends_it_resumable(
         settings: Settings, site_port: int, tmp_path: Path) -> None:
@@ -103,7 +76,7 @@ def test_pause_finds_the_running_crawl_and_sigterm_ends_it_resumable(
             [sys.executable, "-m", "crawlfleet.cli", "crawl", str(seeds), "--allow-private"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            err = _Lines(crawl.stderr)
+            err = OutputLines(crawl.stderr)
             prefix = err.until(r"^crawl (\S+) started")[1]
             resume = err.until(r"resume it with: (.*)$")[1].strip()
             assert f"--topic-prefix {prefix}" in resume and "--allow-private" in resume

@@ -20,8 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -154,17 +153,6 @@ def test_a_banned_profile_is_quarantined_for_its_target_alone_and_the_target_nev
     paused_at = next(q[4] for q in q_walls if q[0] == "target")
     assert not [r for r in walled if _wall(r.at) > paused_at + APPLY_S]  # paused: no asking
 
-
-@pytest.fixture
-def tagged_proxies(tmp_path: Path) -> Iterator[tuple[Proxy, Proxy]]:
-    pair = (Proxy(tmp_path / "px1.log", tag="px1"), Proxy(tmp_path / "px2.log", tag="px2"))
-    try:
-        for p in pair:
-            p.wait_ready()
-        yield pair
-    finally:
-        for p in pair:
-            p.stop()
 
 
 def test_a_banned_egress_is_quarantined_for_its_target_only(

@@ -6,16 +6,14 @@ demo site's port is the test's own free port."""
 from __future__ import annotations
 
 import os
-import queue
 import re
 import shlex
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
+from fleet_helpers import OutputLines
 
 from core.config import Settings
 
@@ -32,28 +30,6 @@ def tour_commands() -> list[str]:
     return [ln.strip() for ln in block.group(1).splitlines()
             if ln.strip() and not ln.lstrip().startswith("#")]
 
-
-class _Lines:
-    def __init__(self, stream: object) -> None:
-        self.seen: list[str] = []
-        self._q: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
-
-    def _read(self, stream: object) -> None:
-        for line in stream:  # type: ignore[attr-defined]
-            self._q.put(line)
-
-    def until(self, pattern: str) -> re.Match[str]:
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline:
-            try:
-                line = self._q.get(timeout=1)
-            except queue.Empty:
-                continue
-            self.seen.append(line)
-            if m := re.search(pattern, line):
-                return m
-        raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(self.seen)}")
 
 
 def test_the_readme_tour_runs_as_written(settings: Settings, site_port: int,
@@ -81,11 +57,11 @@ def test_the_readme_tour_runs_as_written(settings: Settings, site_port: int,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     crawl: subprocess.Popen[str] | None = None
     try:
-        _Lines(site.stdout).until(r"^serving ")
+        OutputLines(site.stdout).until(r"^serving ")
         assert (tmp_path / "seeds.txt").read_text().count("http://") == 3
         crawl = subprocess.Popen(argv(commands[1]), cwd=tmp_path, env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        err = _Lines(crawl.stderr)
+        err = OutputLines(crawl.stderr)
         prefix = err.until(r"^crawl (\S+) started")[1]
         assert f"--topic-prefix {prefix}" in err.until(r"resume it with: .*")[0]
         err.until(r"fetched [1-9]")
