@@ -35,6 +35,7 @@ import asyncio
 import collections
 import gzip
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -272,6 +273,9 @@ class HostileSite:
         assert mint_pages * mint_per_page <= 65535, "minted hosts fit in 127.1.0.0/16"
         self.hosts = (main, off_scope, refused, *self._own, robots_redirect)
         self.hits: collections.Counter[tuple[str, str]] = collections.Counter()
+        #: Every request as [started, ended, host, path], monotonic seconds: when its
+        #: request line arrived and when the site was done with it (None: not yet).
+        self.log: list[tuple[float, list[float], str, str]] = []
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, daemon=True, name="hostile-site")
@@ -330,14 +334,23 @@ class HostileSite:
         body = "".join(f"<a href='{u}'>{u}</a>\n" for u in links)
         return f"<html><title>hostile</title><body>{body}</body></html>".encode()
 
+    def timeline(self) -> list[tuple[float, float, str, str]]:
+        """Every request so far, (started, ended, host, path), by start; one the site still
+        holds (a silent trap's) ends now."""
+        now = time.monotonic()
+        with self._lock:
+            return [(s, e[0] if e else now, h, p) for s, e, h, p in self.log]
+
     def requests(self, host: str | None = None) -> collections.Counter[str]:
         with self._lock:
             return collections.Counter({p: n for (h, p), n in self.hits.items()
                                         if host in (None, h)})
 
     async def _handle(self, r: asyncio.StreamReader, w: Writer) -> None:
+        ended: list[float] = []
         try:
             line = await r.readline()
+            started = time.monotonic()
             while (await r.readline()) not in (b"\r\n", b""):
                 pass
             parts = line.split()
@@ -345,12 +358,16 @@ class HostileSite:
             host = str(w.get_extra_info("sockname")[0])
             with self._lock:
                 self.hits[(host, path)] += 1
+                self.log.append((started, ended, host, path))
             await self._answer(host, path, w)
             await w.drain()
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             pass  # the crawler hung up on a trap: that is the point
+        except asyncio.CancelledError:
+            pass  # the site stops while a trap holds a connection: nothing to report
         finally:
             w.close()
+            ended.append(time.monotonic())
 
     async def _answer(self, host: str, path: str, w: Writer) -> None:
         if host in self._own and path != "/robots.txt":

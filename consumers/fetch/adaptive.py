@@ -8,17 +8,23 @@ congestion window:
 - an isolated 5xx, timeout, connection error or block *slows* its target, never halts it;
 - ``ESCALATE_AFTER`` error signals in a row escalate to a deferral with exponential
   back-off (2 s, 4 s, 8 s ... capped), the "site keeps saying no" case;
-- a Retry-After defers for its duration (and slows the target once it resumes).
+- a Retry-After defers for its duration (and slows the target once it resumes);
+- an error signal counts once per URL (:meth:`TargetHealth.first_strike`): a URL failing
+  again on its retry (a trap that always times out) tells nothing new about the site, so
+  one broken page cannot hold its whole site at the slowest rate.
 
 The fetch stage turns :attr:`TargetHealth.slowdown` into the target's interval (cap or
-Crawl-delay, times the slowdown) and :attr:`TargetHealth.inflight_limit` into the
-scheduler's per-target concurrency bound.
+Crawl-delay, times the slowdown): back-off spaces request *starts*. The in-flight window
+sizes the target's memory share; the scheduler's concurrency bound is the fixed
+``max_inflight_per_target``, so a request hanging in its timeout never holds the target's
+only slot while its other pages queue (at a longer interval, fewer requests overlap anyway:
+in flight = answer time / interval).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from consumers.fetch.classify import Signal, backoff
 
@@ -28,6 +34,8 @@ MAX_SLOWDOWN = 32.0
 RECOVERY_STEP = 1 / 16
 #: Consecutive error signals after which the target is deferred, not only slowed.
 ESCALATE_AFTER = 3
+#: URLs whose error signal was counted, kept per degraded target (the newest).
+STRUCK_KEEP = 16
 
 
 @dataclass
@@ -38,6 +46,7 @@ class TargetHealth:
     rate: float = 1.0  # fraction of the target's cap in use, (1/MAX_SLOWDOWN, 1]
     window: float = 0.0  # in-flight limit, fractional so it can grow by 1/window
     errors: int = 0  # consecutive error signals
+    struck: list[int] = field(default_factory=list)  # hashes of URLs whose error counted
 
     def __post_init__(self) -> None:
         if self.window <= 0:
@@ -55,6 +64,17 @@ class TargetHealth:
     @property
     def degraded(self) -> bool:
         return self.rate < 1.0 or self.inflight_limit < self.max_inflight
+
+    def first_strike(self, url: str) -> bool:
+        """Whether an error signal of ``url`` is the first kept for it (then it is kept:
+        the newest ``STRUCK_KEEP``). A repeat is one broken page failing again, not news of
+        the site: it is not counted again."""
+        key = hash(url)
+        if key in self.struck:
+            return False
+        self.struck.append(key)
+        del self.struck[:-STRUCK_KEEP]
+        return True
 
     def observe(self, signal: Signal, retry_after_s: float | None = None) -> float:
         """Record one request's signal; returns how long to defer the target (0: don't)."""

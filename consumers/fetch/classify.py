@@ -26,7 +26,9 @@ from core.errors import (
     InvalidURLError,
     ProtocolError,
     ProxyError,
+    ResponseTooLargeError,
     TLSError,
+    TooManyRedirectsError,
     TruncatedBodyError,
 )
 
@@ -78,8 +80,8 @@ def classify_status(status: int, retry_after: str | None, attempt: int,
     success; a retryable status retries the job only, after its own back-off: the target as
     a whole is slowed by the signal, and rested only for a Retry-After or repeated errors.
     """
-    if not 100 <= status <= 599:
-        return Outcome(Verdict.DEAD, "protocol_error", signal=Signal.ERROR)  # "HTTP/1.1 042"
+    if not 100 <= status <= 599:  # "HTTP/1.1 042": a prompt answer, broken bytes (see
+        return Outcome(Verdict.DEAD, "protocol_error", signal=answered_signal())  # below)
     if 200 <= status <= 299:
         return Outcome(Verdict.STORE, "ok")
     if status == PROXY_AUTH_STATUS:
@@ -99,6 +101,25 @@ def classify_status(status: int, retry_after: str | None, attempt: int,
     # 1xx/3xx reaching here: a redirect with a Location is a job of its own (see
     # ``OutcomeRules.redirect``); a 3xx without one, or a final 1xx, is odd.
     return Outcome(Verdict.DEAD, f"unexpected_{status}", signal=Signal.ERROR)
+
+
+def answered_signal() -> Signal:
+    """What an answer that came but cannot be used (a bad status line, broken framing,
+    too large, a bomb, a redirect loop) says of its target: it answers, so it is not
+    struggling. Such a page is dead-lettered; its site is not slowed for it."""
+    return Signal.OK
+
+
+def error_signal(exc: CrawlfleetError) -> Signal:
+    """What a request that raised ``exc`` says of its target: a timeout, a refused or
+    reset connection or a body cut short may be a struggling site (``ERROR``); a prompt
+    answer with broken bytes is not (:func:`answered_signal`); our own refusals (address,
+    robots.txt, bad URL) and anything else say nothing (``NEUTRAL``)."""
+    if isinstance(exc, FetchTimeoutError | ConnectError | TruncatedBodyError):
+        return Signal.ERROR
+    if isinstance(exc, ProtocolError | ResponseTooLargeError | TooManyRedirectsError):
+        return answered_signal()
+    return Signal.NEUTRAL
 
 
 def backoff(attempt: int) -> float:

@@ -215,7 +215,7 @@ class Dispatcher:
             self.wake.set()
         if result is None:
             return
-        self.observe(target, result)
+        self.observe(target, result, job["url"])
         if answered >= 0 and pj.profile:
             targets.observe_identity(target, pj, result.signal, time.monotonic(),
                                      result.reason)
@@ -235,10 +235,11 @@ class Dispatcher:
         self.intake.finish(pj, result.outputs, result.seen)
         self.intake.refill(target)
 
-    def observe(self, target: str, result: Result) -> None:
-        """Tell the target's owner a request's signal; do the rest and shedding it asks."""
+    def observe(self, target: str, result: Result, url: str | None = None) -> None:
+        """Tell the target's owner a request's signal (of ``url``); do the rest and
+        shedding it asks."""
         now = time.monotonic()
-        seen = self.targets.observe(target, result.signal, result.retry_after_s, now)
+        seen = self.targets.observe(target, result.signal, result.retry_after_s, now, url)
         if result.signal not in (Signal.OK, Signal.NEUTRAL):
             self.status.add(f"signal_{result.signal.value}")
         if seen.shed_to is not None:

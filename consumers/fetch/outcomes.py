@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from consumers.attempts import AttemptFields, VersionFields, fetch_event
-from consumers.fetch.classify import Signal, Verdict, classify_status
+from consumers.fetch.classify import Signal, Verdict, classify_status, error_signal
 from consumers.fetch.conditional import (
     ETAG,
     LAST_MODIFIED,
@@ -29,10 +29,7 @@ from consumers.fetch.seen import DEAD, DONE, RETRYING
 from consumers.scope import follow
 from core.config import Settings
 from core.errors import (
-    ConnectError,
     CrawlfleetError,
-    FetchTimeoutError,
-    TruncatedBodyError,
 )
 from core.profiles import EGRESS_META
 from core.urls import resolve_link, target_of
@@ -190,9 +187,9 @@ class OutcomeRules:
 
     def error(self, pj: Pending, exc: CrawlfleetError, started: float) -> Result:
         """A request that got no usable answer: timeouts and refused connections slow the
-        target like a 5xx; other errors (our own caps, bad URLs) say nothing about it."""
-        signal = Signal.ERROR if isinstance(
-            exc, FetchTimeoutError | ConnectError | TruncatedBodyError) else Signal.NEUTRAL
+        target like a 5xx; a prompt answer with broken bytes does not; other errors (our
+        own refusals, bad URLs) say nothing about it (``classify.error_signal``)."""
+        signal = error_signal(exc)
         if exc.retryable:
             res = self.retry_or_dead(pj, exc.reason, 0.0, 0, started, str(exc))
         else:

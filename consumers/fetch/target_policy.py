@@ -148,16 +148,19 @@ class TargetPolicy:
         self.sched.set_interval(target, self.interval(target))
 
     def observe(self, target: str, signal: Signal, retry_after_s: float | None,
-                now: float) -> Observed:
-        """Feed a request's signal to the target's adaptive limits (errors slow it, successes
-        bring it back); only targets that were degraded keep a health entry."""
+                now: float, url: str | None = None) -> Observed:
+        """Feed a request's signal (of ``url``: an error counts once per URL) to the target's
+        adaptive limits (errors slow it, successes bring it back); only targets that were
+        degraded keep a health entry. The slowdown stretches the interval between starts;
+        the scheduler's in-flight bound stays ``max_inflight_per_target``: a request in its
+        timeout is no reason for the target's other requests to wait for it."""
         slot = self.slots.get(target)
         kept = slot is not None
         if slot is None:
             slot = TargetSlot(self.windows.get(target))  # kept only if it degrades
         had = slot.health is not None
-        was = (slot.slowdown, slot.inflight_limit(self.limits))
-        wait = slot.observe(signal, retry_after_s, self.limits)
+        was = slot.slowdown
+        wait = slot.observe(signal, retry_after_s, self.limits, url)
         if slot.health is not None and not had:
             if not kept:
                 self.slots[target] = slot
@@ -168,9 +171,8 @@ class TargetPolicy:
             self._healths -= 1
             if slot.empty:
                 del self.slots[target]
-        if (slot.slowdown, slot.inflight_limit(self.limits)) != was:
+        if slot.slowdown != was:
             self.sched.set_interval(target, self.interval(target))
-            self.sched.set_limit(target, slot.inflight_limit(self.limits), now)
         shed_to = slot.shed_to(signal, self.sched.queued(target), self.cap_of(target),
                                self.limits)
         return Observed(wait, shed_to)

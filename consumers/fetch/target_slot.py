@@ -82,7 +82,8 @@ class TargetSlot:
         return base * self.health.slowdown if self.health is not None else base
 
     def inflight_limit(self, limits: SlotLimits) -> int:
-        """Requests in flight at once: the health's limit, else the healthy maximum."""
+        """The adaptive in-flight window (the health's, else the healthy maximum): it sizes
+        the memory share; the scheduler bounds requests in flight by the maximum alone."""
         return self.health.inflight_limit if self.health is not None else limits.max_inflight
 
     def hear_robots(self, min_interval_s: float) -> None:
@@ -112,9 +113,12 @@ class TargetSlot:
 
     # --- adaptive health and rests --------------------------------------------------------
 
-    def observe(self, signal: Signal, retry_after_s: float | None, limits: SlotLimits) -> float:
+    def observe(self, signal: Signal, retry_after_s: float | None, limits: SlotLimits,
+                url: str | None = None) -> float:
         """Feed a request's signal to the adaptive health (made on the first error signal,
-        dropped once fully recovered); returns how long to rest the target (0: don't)."""
+        dropped once fully recovered); returns how long to rest the target (0: don't).
+        An error of ``url`` already counted (its retry failing again) changes nothing but
+        still rests the target for the Retry-After it brought."""
         if signal is Signal.NEUTRAL:
             return 0.0
         h = self.health
@@ -122,6 +126,8 @@ class TargetSlot:
             if signal is Signal.OK:
                 return 0.0  # healthy and never degraded: nothing to track
             h = self.health = TargetHealth(limits.max_inflight)
+        if signal is Signal.ERROR and url is not None and not h.first_strike(url):
+            return retry_after_s if retry_after_s is not None and retry_after_s > 0 else 0.0
         wait = h.observe(signal, retry_after_s)
         if not h.degraded and h.errors == 0:
             self.health = None

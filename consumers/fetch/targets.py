@@ -330,9 +330,10 @@ class Targets:
         self.sched.defer(target, now + self.policy.interval(target))
 
     def observe(self, target: str, signal: Signal, retry_after_s: float | None,
-                now: float) -> Observed:
-        """A request's signal: the target's adaptive limits hear it; what it asks back."""
-        return self.policy.observe(target, signal, retry_after_s, now)
+                now: float, url: str | None = None) -> Observed:
+        """A request's signal (of ``url``): the target's adaptive limits hear it; what it
+        asks back."""
+        return self.policy.observe(target, signal, retry_after_s, now, url)
 
     def observe_identity(self, target: str, pj: Pending, signal: Signal, now: float,
                          reason: str = "") -> None:
