@@ -14,7 +14,14 @@ and what bounds the wall: the last request of each host and the requests that wa
 behind another of their host's. Scrapy crawls the same site with its polite settings at
 crawlfleet's default cap, its download timeout, size cap and attempts set to crawlfleet's,
 judged by the site's log (what it asked of the off-scope and refused hosts, robots.txt's
-disallowed path, each trap).
+disallowed path, each trap). Scrapy reads the main host's whole 600 KiB robots.txt, whose
+"Disallow: /" lies past RFC 9309's 500 KiB, so it asks nothing there (0 good pages).
+
+``--one-host`` serves every trap on the main host (the issue 43 shape: one target whose
+slow traps' timeouts and failures all land on it). Measured on this machine (2 cores):
+one host 366.4 s before issue 43 point 3, 82.8 / 84.9 s after, bounded by ``/drip`` and
+``/silent``: three attempts each, one after the other, each the full 20 s timeout; as
+served (traps on hosts of their own) 68.6 s before and 68.9 s after, the same bound.
 """
 
 from __future__ import annotations
@@ -109,7 +116,8 @@ def hostile_site(port: int, one_host: bool) -> HostileSite:
     """The site as served (the traps that time out or fail retryably on hosts of their
     own), or with every trap on the main host: one target that struggles."""
     if one_host:
-        return HostileSite(port, own_hosts=("127.0.0.2",) * 4)
+        main = HostileSite(port).main
+        return HostileSite(port, own_hosts=(main,) * 4)
     return HostileSite(port)
 
 
