@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import kafka_jars, kafka_local
+from core.errors import InfraError
+from infra import kafka_home, kafka_jars, kafka_local
 from infra.kafka_home import JARS_ENV
 
 HOME = Path("/home/someone")
@@ -78,3 +79,15 @@ def test_an_override_of_kafka_jars_without_a_marker_is_used_as_is(
     monkeypatch.setenv("PATH", "")
     assert kafka_jars.ensure_jars(tmp_path / "home") == libs.resolve()
     assert sorted(p.name for p in libs.iterdir()) == ["kafka_2.13-4.1.1.jar"]
+
+
+def test_a_new_homes_port_comes_from_crawlfleet_kafka_port(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(kafka_local.PORT_ENV, raising=False)
+    assert kafka_home.default_base_port() == kafka_local.DEFAULT_BASE_PORT
+    monkeypatch.setenv(kafka_local.PORT_ENV, "28496")
+    assert kafka_home.default_base_port() == 28496
+    for bad in ("19o92", "80", "65535"):
+        monkeypatch.setenv(kafka_local.PORT_ENV, bad)
+        with pytest.raises(InfraError, match=kafka_local.PORT_ENV):
+            kafka_home.default_base_port()
