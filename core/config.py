@@ -474,7 +474,7 @@ def _host_or_network(entry: str) -> bool:
 TABLE_FIELDS = frozenset({"profiles", "egress"})
 
 #: ``CRAWLFLEET_*`` variables that are not settings: read elsewhere, never a typo.
-RESERVED_ENV = frozenset({"CONFIG", "FAULT", "FAULT_STALL_S", "HOME", "KAFKA_JARS", "CLOCK_SKEW_S"})
+RESERVED_ENV = frozenset({"CONFIG", "FAULT", "FAULT_STALL_S", "HOME", "KAFKA_JARS", "KAFKA_PORT", "CLOCK_SKEW_S"})  # noqa: E501
 
 
 @lru_cache(maxsize=1)

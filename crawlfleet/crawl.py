@@ -58,7 +58,9 @@ class Summary:
     dead_letters: int
     dead_by_reason: dict[str, int]
     errors_by_class: dict[str, int]
-    seconds: float  # wall time: start-up, crawl, drain detection
+    #: The command's wall time: from its process's start (interpreter, imports, a broker it
+    #: starts) to the end of its teardown (workers stopped, topics deleted), as a user waits.
+    seconds: float
     pages_per_s: float
     crawl_seconds: float  # first page fetched → last page stored (what peers time)
     crawl_pages_per_s: float
@@ -164,6 +166,9 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
                               "and then again with the same --topic-prefix")
     phases.mark("ended")
     summary.phases = phases.marks
+    summary.seconds = phases.marks["ended"]
+    summary.pages_per_s = round(summary.pages_stored / summary.seconds, 1) \
+        if summary.seconds > 0 else 0.0
     return summary
 
 
@@ -563,7 +568,8 @@ def print_summary(summary: Summary, console: Console) -> None:
         t.add_row(f"  dead: {reason}", str(n))
     for reason, n in summary.errors_by_class.items():
         t.add_row(f"  failed attempts: {reason}", str(n))
-    t.add_row("seconds (wall, incl. start-up)", f"{summary.seconds:.1f}")
+    t.add_row("seconds (wall: command start to end, broker start and teardown included)",
+              f"{summary.seconds:.1f}")
     t.add_row("pages/s (wall)", f"{summary.pages_per_s:.1f}")
     t.add_row("first fetch → last store (s)", f"{summary.crawl_seconds:.1f}")
     t.add_row("pages/s (first fetch → last store)", f"{summary.crawl_pages_per_s:.1f}")

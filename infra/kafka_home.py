@@ -20,6 +20,8 @@ DEFAULT_BASE_PORT = 19092
 HOST = "127.0.0.1"
 HOME_ENV = "CRAWLFLEET_HOME"
 JARS_ENV = "CRAWLFLEET_KAFKA_JARS"
+#: The base port of a new home's cluster when none is given (a recorded cluster keeps its own).
+PORT_ENV = "CRAWLFLEET_KAFKA_PORT"
 INSTALL_HINT = "apt-get install -y openjdk-17-jre-headless maven"
 
 _RESOURCES = Path(__file__).resolve().parent / "kafka"
@@ -88,6 +90,19 @@ def kafka_home(base_dir: Path | None = None) -> Path:
         return Path(base_dir).expanduser().resolve()
     root = Path(os.environ.get(HOME_ENV) or ".crawlfleet").expanduser()
     return (root / "kafka").resolve()
+
+
+def default_base_port() -> int:
+    """``$CRAWLFLEET_KAFKA_PORT``, else ``DEFAULT_BASE_PORT``: a fresh folder's broker on a
+    port of its own (a benchmark's, beside a broker another folder runs on the default)."""
+    raw = os.environ.get(PORT_ENV, "")
+    try:
+        port = int(raw) if raw else DEFAULT_BASE_PORT
+    except ValueError:
+        raise InfraError(f"{PORT_ENV}={raw!r} is not a port number") from None
+    if not 1024 <= port <= 65533:
+        raise InfraError(f"{PORT_ENV}={port} is outside 1024..65533")
+    return port
 
 
 def broker_port(base_port: int, node_id: int) -> int:

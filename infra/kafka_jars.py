@@ -1,5 +1,12 @@
-"""The broker's jars, resolved once by Maven from ``infra/kafka/pom.xml`` (Maven Central) into
-``<home>/jars`` or ``CRAWLFLEET_KAFKA_JARS``, and found again by the pom's hash."""
+"""The broker's jars, resolved by Maven from ``infra/kafka/pom.xml`` (Maven Central) once per
+user and pom: into ``$XDG_CACHE_HOME/crawlfleet/kafka-jars/<pom hash>`` (default
+``~/.cache``), or into ``CRAWLFLEET_KAFKA_JARS`` when that is set.
+
+Why per user, not per broker home: a home is ``.crawlfleet/kafka`` under the folder a command
+runs from, and a jar dir inside it had every new folder's first broker start wait for Maven
+(seconds even with a warm ``~/.m2``, minutes without one). Keyed by the pom's hash, so a
+changed pom resolves afresh beside the old jars and never mixes versions on one classpath.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,7 @@ import logging
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from core.errors import InfraError
@@ -25,17 +32,42 @@ from infra.kafka_home import (
 
 _log = logging.getLogger(__name__)
 
+#: The per-user cache root: ``$XDG_CACHE_HOME`` (the XDG base-directory spec), else ``~/.cache``.
+CACHE_ENV = "XDG_CACHE_HOME"
+#: How many hex digits of the pom's sha256 name its cache dir (64 bits: no clash in practice).
+_KEY_DIGITS = 16
 
-# --------------------------------------------------------------------------- jars
+
+# --------------------------------------------------------------------------- where (pure)
+
+
+def pom_hash(pom: bytes) -> str:
+    """The key of a pom's jars: its bytes' sha256 (any edit resolves afresh)."""
+    return hashlib.sha256(pom).hexdigest()
+
+
+def jar_cache_root(env: Mapping[str, str], user_home: Path) -> Path:
+    """``$XDG_CACHE_HOME/crawlfleet/kafka-jars``; a relative or empty value is ignored, as
+    the XDG spec says, for ``~/.cache``."""
+    base = env.get(CACHE_ENV, "")
+    root = Path(base) if base and Path(base).is_absolute() else user_home / ".cache"
+    return root / "crawlfleet" / "kafka-jars"
+
+
+def jar_dir_for(digest: str, env: Mapping[str, str], user_home: Path) -> Path:
+    """Where the jars of the pom with hash ``digest`` live: ``CRAWLFLEET_KAFKA_JARS`` if set
+    (whatever the pom), else the per-user cache's dir for this pom."""
+    override = env.get(JARS_ENV, "")
+    if override:
+        return Path(override).expanduser().resolve()
+    return jar_cache_root(env, user_home) / digest[:_KEY_DIGITS]
+
+
+# --------------------------------------------------------------------------- resolving
 
 
 def _pom_hash() -> str:
-    return hashlib.sha256(_POM.read_bytes()).hexdigest()
-
-
-def _jar_dir(home: Path) -> Path:
-    override = os.environ.get(JARS_ENV)
-    return Path(override).expanduser().resolve() if override else home / "jars"
+    return pom_hash(_POM.read_bytes())
 
 
 def _has_kafka_jar(jar_dir: Path) -> bool:
@@ -43,25 +75,50 @@ def _has_kafka_jar(jar_dir: Path) -> bool:
 
 
 def ensure_jars(base_dir: Path | None = None) -> Path:
-    """Resolve the broker's runtime classpath with Maven once per pom version; return its dir.
+    """Resolve the broker's runtime classpath once per user and pom version; return its dir.
 
-    A marker file holding the pom's hash makes repeat calls free. A ``CRAWLFLEET_KAFKA_JARS``
-    directory that already holds Kafka jars but no marker (e.g. a tarball's ``libs/``) is used
-    as-is and never modified.
+    A marker file holding the pom's hash makes repeat calls free (one small read). A
+    ``CRAWLFLEET_KAFKA_JARS`` directory that already holds Kafka jars but no marker (e.g. a
+    tarball's ``libs/``) is used as-is and never modified. Two processes resolving at once
+    are serialised by a lock beside the dir; the cache's dir appears whole (renamed into
+    place) or not at all. A broker home of the former layout whose ``jars/`` holds this
+    pom's jars seeds the cache by a copy instead of Maven (``base_dir``: that home).
     """
-    home = kafka_home(base_dir)
-    jar_dir = _jar_dir(home)
-    marker = jar_dir / _MARKER
     digest = _pom_hash()
+    jar_dir = jar_dir_for(digest, os.environ, Path.home())
+    marker = jar_dir / _MARKER
     if _marker_matches(marker, digest):
         return jar_dir
-    if not marker.exists() and _has_kafka_jar(jar_dir):
+    if os.environ.get(JARS_ENV):
+        if not marker.exists() and _has_kafka_jar(jar_dir):
+            return jar_dir
+        with _locked(jar_dir.parent / f".{jar_dir.name}.lock"):
+            if not _marker_matches(marker, digest):
+                work = jar_dir.parent / f".{jar_dir.name}.maven"
+                _resolve_jars(work, jar_dir)
+                marker.write_text(digest + "\n")
+                shutil.rmtree(work, ignore_errors=True)
         return jar_dir
-    with _locked(home / ".jars.lock"):
+    with _locked(jar_dir.parent / f".{jar_dir.name}.lock"):
         if not _marker_matches(marker, digest):
-            _resolve_jars(home, jar_dir)
-            marker.write_text(digest + "\n")
+            _fill_cache(jar_dir, digest, kafka_home(base_dir) / "jars")
     return jar_dir
+
+
+def _fill_cache(jar_dir: Path, digest: str, legacy: Path) -> None:
+    """Resolve (or copy from a former home's ``jars/``) into a staging dir, then rename it
+    into place: a reader that takes no lock never sees half a classpath."""
+    staging = jar_dir.parent / f".{jar_dir.name}.{os.getpid()}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    if _marker_matches(legacy / _MARKER, digest):
+        _log.info("copying Kafka jars from %s into %s", legacy, jar_dir)
+        shutil.copytree(legacy, staging / "jars")
+    else:
+        _resolve_jars(staging, staging / "jars")
+    (staging / "jars" / _MARKER).write_text(digest + "\n")
+    shutil.rmtree(jar_dir, ignore_errors=True)  # a dir left without its marker
+    (staging / "jars").rename(jar_dir)
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def _marker_matches(marker: Path, digest: str) -> bool:
@@ -71,11 +128,12 @@ def _marker_matches(marker: Path, digest: str) -> bool:
         return False
 
 
-def _resolve_jars(home: Path, jar_dir: Path) -> None:
-    """Run Maven into a clean jar dir so an old Kafka version never shares the classpath."""
+def _resolve_jars(work: Path, jar_dir: Path) -> None:
+    """Run Maven (on a copy of the pom in ``work``) into a clean jar dir, so an old Kafka
+    version never shares the classpath."""
     mvn = _require_tool("mvn")
-    home.mkdir(parents=True, exist_ok=True)
-    pom = home / "pom.xml"
+    work.mkdir(parents=True, exist_ok=True)
+    pom = work / "pom.xml"
     shutil.copyfile(_POM, pom)
     jar_dir.mkdir(parents=True, exist_ok=True)
     for stale in jar_dir.glob("*.jar"):

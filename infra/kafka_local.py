@@ -11,28 +11,32 @@ hung broker) and ``restart_all`` (every node killed at once and started again).
 Layout under ``kafka_home()``::
 
     cluster.json        nodes, base_port, cluster id, heap, jar dir
-    pom.xml             copy of infra/kafka/pom.xml that Maven ran on
-    jars/               runtime classpath (+ .resolved marker holding the pom's hash)
     node-<id>/          server.properties, data/ (log.dirs), logs/ (server.log, stdout.log), pid
+
+The jars are not in a home: ``kafka_jars`` keeps one runtime classpath per user and pom
+(``~/.cache/crawlfleet/kafka-jars/<pom hash>``), so a new folder's broker starts without Maven.
 
 Environment:
     CRAWLFLEET_HOME        root for local state (default ``./.crawlfleet``); Kafka uses ``kafka/``.
-    CRAWLFLEET_KAFKA_JARS  jar directory to use instead of ``<home>/jars``; lets tests and CI reuse
-                           one download across many temporary homes. Filled by Maven if empty.
+    CRAWLFLEET_KAFKA_JARS  jar directory to use instead of the per-user cache (e.g. a tarball's
+                           ``libs/``, used as is). Filled by Maven if empty.
+    CRAWLFLEET_KAFKA_PORT  base port of a new home's cluster (default 19092).
+    XDG_CACHE_HOME         root of the per-user jar cache (default ``~/.cache``).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
 import os
-import re
+import shlex
 import signal
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +44,12 @@ from core.errors import InfraError
 from infra.kafka_home import (
     _LOG4J2,
     _MAIN_CLASS,
-    _TOOL_TIMEOUT_S,
     _VALID_NODE_COUNTS,
     DEFAULT_BASE_PORT,
     HOST,
     INSTALL_HINT,
     JARS_ENV,
+    PORT_ENV,
     ClusterStatus,
     NodeStatus,
     _check_compatible,
@@ -61,15 +65,15 @@ from infra.kafka_home import (
     _write_cluster,
     broker_port,
     controller_port,
+    default_base_port,
     kafka_home,
 )
 from infra.kafka_jars import (
-    _run,
     ensure_jars,
 )
 
 # The public API of a local cluster, including what the modules below it hold.
-__all__ = ["DEFAULT_BASE_PORT", "HOST", "INSTALL_HINT", "JARS_ENV", "ClusterStatus",
+__all__ = ["DEFAULT_BASE_PORT", "HOST", "INSTALL_HINT", "JARS_ENV", "PORT_ENV", "ClusterStatus",
            "NodeStatus", "broker_port", "controller_port", "down", "ensure_jars", "freeze_node",
            "kafka_home", "node_pid", "restart_all", "start_node", "status", "stop_node",
            "thaw_node", "up"]
@@ -134,42 +138,43 @@ def _write_properties(home: Path, cluster: _Cluster, node_id: int) -> Path:
     for sub in ("data", "logs"):
         (node / sub).mkdir(parents=True, exist_ok=True)
     path = _props_path(home, node_id)
-    path.write_text(_server_properties(home, cluster, node_id))
+    text = _server_properties(home, cluster, node_id)
+    with contextlib.suppress(OSError):
+        if path.read_text() == text:
+            return path  # unchanged: a node's format may be reading it right now
+    path.write_text(text)
     return path
 
 
 # --------------------------------------------------------------------------- storage tool
 
 
-def _storage_tool(jars: str, *args: str) -> subprocess.CompletedProcess[str]:
-    java = _require_tool("java")
-    cmd = [java, "-Xmx256m", "-cp", f"{jars}/*", "kafka.tools.StorageTool", *args]
-    return _run(cmd, _TOOL_TIMEOUT_S, "kafka StorageTool")
+def _storage_command(jars: str, *args: str) -> list[str]:
+    return [_require_tool("java"), "-Xmx256m", "-XX:TieredStopAtLevel=1", "-cp", f"{jars}/*",
+            "kafka.tools.StorageTool", *args]
 
 
-def _random_cluster_id(jars: Path) -> str:
-    """Ask Kafka's own tool, so the id always has the format this Kafka version expects."""
-    proc = _storage_tool(str(jars), "random-uuid")
-    found = re.search(r"^[A-Za-z0-9_-]{22}$", proc.stdout, flags=re.MULTILINE)
-    if proc.returncode != 0 or found is None:
-        raise InfraError(f"StorageTool random-uuid failed:\n{proc.stdout}{proc.stderr}")
-    return found.group(0)
+def _random_cluster_id() -> str:
+    """What Kafka's ``Uuid.randomUuid()`` (``StorageTool random-uuid``) makes: a version-4
+    UUID's 16 bytes in base64url without padding, never starting with "-". Made here, not by
+    the tool: its JVM start was a second of every fresh home's first broker start."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
 
 
 def _is_formatted(home: Path, node_id: int) -> bool:
     return (_node_dir(home, node_id) / "data" / "meta.properties").exists()
 
 
-def _format(home: Path, cluster: _Cluster, node_id: int) -> None:
-    """Format a node's log dir once; re-formatting would wipe its identity and data."""
-    if _is_formatted(home, node_id):
-        return
+def _format_command(home: Path, cluster: _Cluster, node_id: int) -> list[str]:
+    """Format a node's log dir once (re-formatting would wipe its identity and data): run by
+    the node's launcher right before the broker, so the caller need not wait for its JVM."""
     args = ["format", "-t", cluster.cluster_id, "-c", str(_props_path(home, node_id))]
     if cluster.nodes == 1:
         args.append("--standalone")
-    proc = _storage_tool(cluster.jars, *args)
-    if proc.returncode != 0:
-        raise InfraError(f"formatting node {node_id} failed:\n{proc.stdout}{proc.stderr}")
+    return _storage_command(cluster.jars, *args)
 
 
 # --------------------------------------------------------------------------- processes
@@ -255,7 +260,11 @@ def _java_command(home: Path, cluster: _Cluster, node_id: int) -> list[str]:
 # The shell backgrounds the JVM and exits at once, so the broker is re-parented to init: it is
 # never our child (no zombie, no ResourceWarning) and it outlives this Python process. The new
 # session (start_new_session) keeps terminal hang-ups and Ctrl-C of the caller away from it.
+# A new node's format runs first in the same background process, which then execs the broker
+# (same pid: its command line names the broker's class and config all along, so the node counts
+# as running, and a failed format ends it with its output in stdout.log).
 _LAUNCHER = 'log=$1; shift; "$@" </dev/null >>"$log" 2>&1 & echo $!'
+_FORMAT_LAUNCHER = 'log=$1; shift; ({format} && exec "$@") </dev/null >>"$log" 2>&1 & echo $!'
 
 
 def _spawn(home: Path, cluster: _Cluster, node_id: int) -> int:
@@ -264,7 +273,9 @@ def _spawn(home: Path, cluster: _Cluster, node_id: int) -> int:
     It runs in its logs dir, so a JVM crash file (hs_err_pid*.log) lands next to server.log.
     """
     logs = _node_dir(home, node_id) / "logs"
-    cmd = ["/bin/sh", "-c", _LAUNCHER, "sh", str(logs / "stdout.log")]
+    script = _LAUNCHER if _is_formatted(home, node_id) else \
+        _FORMAT_LAUNCHER.format(format=shlex.join(_format_command(home, cluster, node_id)))
+    cmd = ["/bin/sh", "-c", script, "sh", str(logs / "stdout.log")]
     cmd += _java_command(home, cluster, node_id)
     proc = subprocess.run(
         cmd, capture_output=True, text=True, start_new_session=True, cwd=logs, timeout=30,
@@ -288,10 +299,7 @@ def _start_nodes(home: Path, cluster: _Cluster, node_ids: Sequence[int]) -> None
             _pid_path(home, node_id).unlink(missing_ok=True)
             _check_ports(cluster, node_id)
             stopped.append(node_id)
-    # Each format is a JVM start; running them side by side saves seconds on a 3-node cluster.
-    with ThreadPoolExecutor(max_workers=max(1, len(stopped))) as pool:
-        list(pool.map(lambda node_id: _format(home, cluster, node_id), stopped))
-    for node_id in stopped:
+    for node_id in stopped:  # a new node's format runs in its launcher (_FORMAT_LAUNCHER)
         _spawn(home, cluster, node_id)
 
 
@@ -410,7 +418,8 @@ def up(
 
     Idempotent: running nodes are left alone, nodes whose process is gone are restarted on their
     existing data, and a fresh home is resolved, formatted and started from scratch. Without
-    ``base_port``: the recorded cluster's, else ``DEFAULT_BASE_PORT``.
+    ``base_port``: the recorded cluster's, else ``$CRAWLFLEET_KAFKA_PORT`` or
+    ``DEFAULT_BASE_PORT``.
     """
     if nodes not in _VALID_NODE_COUNTS:
         raise InfraError(f"nodes must be 1 or 3, not {nodes}")
@@ -430,11 +439,11 @@ def _prepare_cluster(home: Path, nodes: int, base_port: int | None,
     """Load the recorded cluster (checking it matches) or create and record a new one."""
     recorded = _read_cluster(home)
     if base_port is None:
-        base_port = recorded.base_port if recorded is not None else DEFAULT_BASE_PORT
+        base_port = recorded.base_port if recorded is not None else default_base_port()
     if recorded is not None:
         _check_compatible(home, recorded, nodes, base_port)
     jars = ensure_jars(home)
-    cluster_id = recorded.cluster_id if recorded else _random_cluster_id(jars)
+    cluster_id = recorded.cluster_id if recorded else _random_cluster_id()
     cluster = _Cluster(nodes, base_port, cluster_id, heap_mb, str(jars))
     _write_cluster(home, cluster)
     return cluster

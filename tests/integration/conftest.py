@@ -41,7 +41,7 @@ def kafka_bootstrap() -> Iterator[str]:
     Concurrent test sessions on one machine share it (each test has its own topics), so a
     session that found it running leaves it running for the others.
     """
-    jars = kafka_local.ensure_jars()  # default home: downloaded once per checkout
+    jars = kafka_local.ensure_jars()  # the per-user cache: resolved once per pom
     home = REPO / ".crawlfleet" / "test-kafka"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(kafka_local.JARS_ENV, str(jars))
