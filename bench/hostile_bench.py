@@ -89,7 +89,9 @@ def judge(trap: Trap, url: str, pages: dict[str, int], dead: dict[str, str],
     return f"dead {got}" if got else f"stored {pages.get(url)}", got == trap.expect
 
 
-def _store(s: Settings) -> tuple[dict[str, int], dict[str, str], dict[str, set[str]]]:
+def stored_outcomes(s: Settings) -> tuple[dict[str, int], dict[str, str], dict[str, set[str]]]:
+    """Stored pages (status), dead letters (reason) and fetch events (reasons), by URL: what
+    the store holds of a hostile crawl (the hostile-site test reads it the same way)."""
     from infra.store_query import run_query
 
     _, rows = run_query(s, "SELECT url, status FROM pages FINAL")
@@ -179,7 +181,7 @@ def run_crawlfleet_hostile(command: list[str], site: HostileSite, s: Settings,
                 code = None
             wall = time.monotonic() - started
         log = sorted(site.timeline())
-        store = _store(load_settings(data_dir=data))
+        store = stored_outcomes(load_settings(data_dir=data))
         result = CrawlResult("crawlfleet", wall, code,
                              sum(1 for st in store[0].values() if st == 200), len(log),
                              _trap_outcomes(site, log, log[0][0] if log else started, store,

@@ -42,6 +42,7 @@ from fleet_helpers import report
 from rich.console import Console
 from typer.testing import CliRunner
 
+from bench.hostile_bench import stored_outcomes
 from core.config import Settings
 from crawlfleet.cli import app
 from crawlfleet.crawl import Plan, print_summary, run_crawl
@@ -117,19 +118,6 @@ def _refused(log: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
 
-def _store(s: Settings) -> tuple[dict[str, int], dict[str, str], dict[str, set[str]]]:
-    """Stored pages (status), dead letters (reason) and fetch events (reasons), by URL."""
-    _, rows = run_query(s, "SELECT url, status FROM pages FINAL")
-    pages = {str(u): int(st) for u, st in rows}
-    _, rows = run_query(s, "SELECT url, reason FROM dead_letters FINAL")
-    dead = {str(u): str(r) for u, r in rows}
-    _, rows = run_query(s, "SELECT url, reason FROM fetch_events FINAL")
-    events: dict[str, set[str]] = {}
-    for u, r in rows:
-        events.setdefault(str(u), set()).add(str(r))
-    return pages, dead, events
-
-
 def test_the_connect_audit_refuses_off_loopback_before_connecting(audit: Path) -> None:
     """The hook records and refuses a plain connect and the fetch stage's own (its event
     loop and client, with a guard that allows everything), and lets loopback through."""
@@ -199,7 +187,7 @@ def test_hostile_site_is_crawled_safely(settings: Settings, site_port: int,
     assert main["/private/secret"] == 0 and main["/robots.txt"] == 1
     assert main["/chain/6"] == 0 and main["/chain/5"] == 1  # five hops, then no more
 
-    pages, dead, events = _store(s)
+    pages, dead, events = stored_outcomes(s)
     # Retryable traps were tried max_attempts times, the others once.
     assert all(hits == {p: 2, "/robots.txt": 1} for p, hits in own.items()), own
 
@@ -261,7 +249,7 @@ def test_the_metadata_address_is_never_reached(settings: Settings, site_port: in
     assert summary.drained, "the crawl must end by itself"
     assert _refused(audit) == [], "a connect off loopback was attempted"
 
-    pages, dead, events = _store(s)
+    pages, dead, events = stored_outcomes(s)
     for path, trap in site.metadata.items():
         url = site.base + path
         if trap.expect == "stored":
