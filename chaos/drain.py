@@ -23,7 +23,7 @@ from infra.lag import LagProbe
 from infra.live_state import LiveEntries, live_entries
 from schemas.stages import analytics_stages, stage_spec, stages
 from schemas.topics import Topology
-from streams.status import holds_work
+from streams.status import holds_work, idle_for
 
 
 @dataclass
@@ -89,8 +89,9 @@ def unsettled_gauges(statuses: list[dict[str, Any]], lags: dict[str, int],
                        f"its status since)")
             continue
         busy = holds_work(st.get("gauges", {}))
-        if busy or st.get("idle_s", 0) < IDLE_S:
-            out.append(f"{st.get('worker')} idle {st.get('idle_s')}s {busy or ''}".rstrip())
+        idle = idle_for(st, now)
+        if busy or idle < IDLE_S:
+            out.append(f"{st.get('worker')} idle {idle:.1f}s {busy or ''}".rstrip())
     return "; ".join(out)
 
 

@@ -13,7 +13,8 @@ Rows are keyed by the sample's time bucket, so two store workers sampling the sa
 Work that no lag shows is sampled too: the live entries of ``crawl.parked`` (as the fetch
 stage's) and ``crawl.timers`` (as the retry stage's), read from the broker -- not from any
 worker's gauges -- so a parked job whose owner died or dropped it still counts as queued.
-Each read is a full read of a compacted topic; it is done once per sample. The counts are
+Each read is a full read of a compacted topic, done once per sample when its ends moved
+(:class:`infra.live_state.LiveReader`). The counts are
 also the store worker's status gauges (``live_parked``, ``live_timers``,
 ``unsettled_partitions``), which its Prometheus endpoint exports.
 """
@@ -34,7 +35,7 @@ from core.config import Settings
 from core.errors import CrawlfleetError
 from infra.clickhouse import Store
 from infra.lag import LagProbe
-from infra.live_state import live_entries
+from infra.live_state import LiveReader
 from infra.topics import topology_of
 from schemas.stages import stage_spec, stages
 from streams.status import StatusFile
@@ -140,6 +141,7 @@ class QueueSampler:
         self.topo = topology_of(settings)
         self.interval = settings.sample_interval_s
         self._probe = LagProbe(settings)
+        self._live = LiveReader(settings)
         self._reader: Consumer | None = None
         self._previous: dict[tuple[str, str], tuple[float, int]] = {}
         self._stop = threading.Event()
@@ -164,6 +166,7 @@ class QueueSampler:
                         FINAL_SAMPLE_WAIT_S)
             return
         self._probe.close()
+        self._live.close()
         if self._reader is not None:
             self._reader.close()
 
@@ -230,7 +233,7 @@ class QueueSampler:
         held = [(stage, self.topo.prefix + st.changelog, f"live_{st.name}")
                 for stage in stages() for st in stage_spec(stage).work_stores]
         for stage, topic, gauge in held:
-            live = live_entries(self.s, topic, self.topo.partitions)
+            live = self._live.read(topic, self.topo.partitions)
             unsettled += len(live.unsettled)
             busy = sum(1 for p, n in live.counts.items() if n or p in live.unsettled)
             out.append(Sample(stage, topic, lag=live.total, consumed=0, behind=busy,

@@ -161,6 +161,8 @@ class AsyncSession:
         self.members_stale = False
         self.version = worker_tuple(self.s)
         self.leaving = False  # the tuple was revoked: end the session as a graceful stop
+        self._control_changed = False  # control records applied, not handed to the stage
+        self._refusal_due = False  # ... not checked against this worker's version yet
         #: When the transaction being committed began (None: no commit under way); read
         #: by the event loop, which holds new requests while a commit stalls.
         self.committing_since: float | None = None
@@ -321,8 +323,9 @@ class AsyncSession:
         assert self.consumer is not None and self.control is not None
         if self.broken is not None:  # a callback ended the session: nothing more is taken
             return []
-        changed = self.control.poll(0)
-        if changed and not self.leaving:
+        self._read_control()
+        if self._refusal_due and not self.leaving:
+            self._refusal_due = False
             why = refusal(self.control.state.approved, self.version)
             if why is not None:
                 # Nothing more is polled: every record returned so far is admitted, so
@@ -336,6 +339,29 @@ class AsyncSession:
         if self.members_stale:
             self._refresh_members()
         self.logic.tick(time.monotonic())
+        self._apply_pause()
+        self.poll_gaps.tick()
+        msgs = consume_ready(self.consumer, POLL_BATCH, self.restores.poll_timeout(timeout))
+        if msgs and self._read_control():
+            # What the control topic said while the poll waited (a pause) is in force
+            # before these records are admitted: a long idle poll widens no window. (A
+            # refusal is acted on by the next poll: these records are admitted first.)
+            self._apply_pause()
+        return msgs
+
+    def _read_control(self) -> bool:
+        """Apply new control records to the state (True if any changed it); the stage
+        and the approval check hear of it next."""
+        assert self.control is not None
+        changed = self.control.poll(0)
+        if changed:
+            self._control_changed = self._refusal_due = True
+        return changed
+
+    def _apply_pause(self) -> None:
+        """Pause or resume the input as the worker's fullness and the fleet's pause say,
+        and hand a changed control state to the stage."""
+        assert self.consumer is not None and self.control is not None
         full = self.logic.full(self.paused)
         want_paused = full or self.control.state.paused
         if want_paused != (self.paused or self.control_paused):
@@ -346,10 +372,9 @@ class AsyncSession:
                 self.consumer.resume([tp for tp in self.consumer.assignment()
                                       if tp.partition not in waiting])
         self.paused, self.control_paused = full, self.control.state.paused
-        if changed:
+        if self._control_changed:
+            self._control_changed = False
             self.logic.control_changed(self.control.state)
-        self.poll_gaps.tick()
-        return consume_ready(self.consumer, POLL_BATCH, self.restores.poll_timeout(timeout))
 
     def _teardown(self) -> None:
         if self.consumer is not None:

@@ -65,6 +65,8 @@ class FrontierGate:
         if force and self._running is not None:
             self._running[0].done.wait()  # its clients are the probe's: one call at a time
         self._take_in()
+        if not force and self.idle():
+            return
         now = time.monotonic()
         if force or now - self._at >= self._interval:
             if self._background and not force:
@@ -75,6 +77,15 @@ class FrontierGate:
             lag = self._measure()
             if lag >= 0:
                 self._lag, self._added, self._at = lag, 0, now
+
+    def idle(self) -> bool:
+        """Nothing to learn from measuring: nothing was added since the last measurement
+        and it was under the bound. A stage with nothing to do then asks the broker nothing
+        (it asked twice a second, most of an idle parse worker's requests: issue 43); its
+        first addition makes the next refresh measure, an interval after the last one
+        at most, as before."""
+        return (self._added == 0 and self._running is None and self._at > float("-inf")
+                and 0 <= self._lag < self.bound)
 
     def _measure(self) -> int:
         """The frontier's lag plus the fetch workers' parked backlog (-1: unreadable)."""

@@ -27,6 +27,7 @@ from core.config import Settings
 from core.errors import DecodeError, FatalError, KafkaStageError
 from schemas.stages import stage_spec
 from streams.committer import TxnCommitter
+from streams.idle_poll import IdlePoll
 from streams.io import (
     FencedError,
     Output,
@@ -79,6 +80,7 @@ class BatchStage(Stage):
         self.slow_start = SlowStart()  # records per transaction after a quiet spell
         self.delivered: dict[tuple[str, int], int] = {}
         self._restores: PartitionRestore | None = None
+        self._idle = IdlePoll()
         self._restore_consumer: Consumer | None = None  # the consumer of the last assign
         spec = stage_spec(self.stage)
         #: The stores and timer stores the stage declares, opened by the runtime.
@@ -154,8 +156,15 @@ class BatchStage(Stage):
         otherwise cost the most; when lightly loaded, nothing waits for a batch to fill.
         """
         self.poll_gaps.tick()
-        timeout = 0.2 if self._restores is None else self._restores.poll_timeout(0.2)
-        return consume_ready(consumer, self.batch_size, timeout)
+        holding = bool(self.held_partitions()) or (
+            self.context is not None and self.context.timers_live() > 0)
+        timeout = self._idle.timeout(0.2, holding)
+        if self._restores is not None:
+            timeout = self._restores.poll_timeout(timeout)
+        msgs = consume_ready(consumer, self.batch_size, timeout)
+        if msgs:
+            self._idle.took()
+        return msgs
 
     @property
     def membership(self) -> Membership:

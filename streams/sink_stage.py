@@ -26,6 +26,7 @@ from confluent_kafka import (
 from core.config import Settings
 from core.errors import KafkaStageError
 from schemas.codec import Codec
+from streams.idle_poll import IdlePoll
 from streams.io import (
     Output,
     connected_producer,
@@ -53,6 +54,7 @@ class SinkStage(Stage):
         self._committed: dict[tuple[str, int], int] = {}
         self._revoked: set[tuple[str, int]] = set()
         self._producer: Producer | None = None  # made for the first record to publish
+        self._idle = IdlePoll()
 
     @abstractmethod
     def write(self, batch: list[Message]) -> dict[tuple[str, int], int]:
@@ -110,8 +112,10 @@ class SinkStage(Stage):
             if deadline is not None and now >= deadline:
                 break
             # Idle: a short poll, so a stop is seen within IDLE_POLL_S (the crawl stops
-            # the store last, after everything else, and waits for it).
-            timeout = IDLE_POLL_S if deadline is None else min(deadline - now, quiet_s)
+            # the store last, after everything else, and waits for it); long idle, a
+            # longer one (streams.idle_poll).
+            timeout = self._idle.timeout(IDLE_POLL_S, holding=False) if deadline is None \
+                else min(deadline - now, quiet_s)
             got = False
             self.poll_gaps.tick()
             for msg in consume_ready(consumer, min(1000, rows - len(batch)), timeout):
@@ -119,6 +123,7 @@ class SinkStage(Stage):
                 if err is None:
                     batch.append(msg)
                     got = True
+                    self._idle.took()
                 elif err.code() != KafkaError._PARTITION_EOF:
                     log.warning("%s consume error: %s", self.stage, err)
             if got and deadline is None:

@@ -46,6 +46,19 @@ class PollGaps:
 WRITE_EVERY_S = 0.5
 #: ... and when the worker has just gone idle (it held work at the last write, none now).
 IDLE_WRITE_EVERY_S = 0.05
+#: A worker holding no work writes a file that would say what the last one said (but its
+#: clocks) only this often: an idle worker rewrote its file twice a second for nothing
+#: (issue 43). One holding work still writes every ``WRITE_EVERY_S`` (its file's age is
+#: how a stalled loop is seen). Readers add the
+#: time since ``wall`` to ``idle_s`` (:func:`idle_for`).
+UNCHANGED_WRITE_EVERY_S = 5.0
+
+
+def idle_for(status: dict[str, Any], now_wall: float | None = None) -> float:
+    """Seconds the worker of a status file has been idle, now: its ``idle_s`` when
+    written plus the time since (a file is not rewritten while nothing changes)."""
+    now = time.time() if now_wall is None else now_wall
+    return float(status.get("idle_s", 0.0)) + max(0.0, now - float(status.get("wall", now)))
 
 #: Status gauges that mean a worker still holds work: a pipeline is drained only when every
 #: worker reports zero for each (jobs in flight, queued in memory, parked on disk, waiting in
@@ -88,6 +101,7 @@ class StatusFile:
         #: quarantine holds and why); written as they are.
         self.notes: dict[str, Any] = {}
         self._last_write = 0.0
+        self._said = ""  # what the last file said, but its clocks
         self._last_activity = time.monotonic()
         self._held_when_written = False  # the last file written showed work held
 
@@ -121,11 +135,17 @@ class StatusFile:
         if not force and since < WRITE_EVERY_S \
                 and not (went_idle and since >= IDLE_WRITE_EVERY_S):
             return
-        self._last_write = now
         for name, fn in self.gauge_fns.items():
             self.gauges[name] = fn()
+        snap = self.snapshot(now)
+        said = json.dumps({k: v for k, v in snap.items() if k not in ("idle_s", "wall")},
+                          sort_keys=True)
+        if not force and said == self._said and since < UNCHANGED_WRITE_EVERY_S \
+                and not holds_work(self.gauges):
+            return
+        self._last_write, self._said = now, said
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.snapshot(now)))
+        tmp.write_text(json.dumps(snap))
         tmp.replace(self.path)
         self._held_when_written = bool(holds_work(self.gauges))
 

@@ -46,6 +46,7 @@ from schemas.stages import stage_spec
 from schemas.topics import partition_for
 from streams.async_session import AsyncSession, SessionRole
 from streams.control import ControlState
+from streams.idle_poll import IdlePoll
 from streams.io import Output
 from streams.ledger import CommitBatch, Ledger
 from streams.membership import Membership
@@ -128,6 +129,7 @@ class _Session:
         self.sched, self.policy = self.targets.sched, self.targets.policy
         self.robots, self.pacer = self.targets.robots, self.targets.pacer
         self.wake = asyncio.Event()
+        self.idle = IdlePoll()
         self.slow_start = SlowStart(floor=150)  # outputs (~3 per page) per transaction
         wiring = FetchWiring(self.s, self.topo, self.enc, self.ledger, self.rules, self.status,
                              self.wake)
@@ -250,8 +252,13 @@ class _Session:
             # woken early, and a job queued now is often done within a millisecond: a longer
             # wait here was most of each hop of a chain-like crawl (50 of its ~60 ms).
             busy = self.dispatch.running or self.ledger.completed or len(self.sched)
-            msgs = await self.kafka.poll(0.01 if busy else 0.2)
+            # Long idle (nothing parked or uncommitted either): a longer poll, which a
+            # record still ends at once (streams.idle_poll).
+            held = busy or self.ledger.uncommitted or self.parked.total() or self.kafka.paused \
+                or self.kafka.control_paused
+            msgs = await self.kafka.poll(0.01 if busy else self.idle.timeout(0.2, bool(held)))
             if msgs:
+                self.idle.took()
                 self.intake.admit(msgs)
             now = time.monotonic()
             if commit_due(now - last_commit, self.ledger.completed, len(self.sched),

@@ -42,7 +42,7 @@ from infra.topics import create_topics, topology_of
 from producers.frontier import publish
 from schemas.codec import default_codec
 from schemas.stages import analytics_stages
-from streams.status import holds_work
+from streams.status import holds_work, idle_for
 
 T = TypeVar("T")
 
@@ -518,7 +518,7 @@ def _all_idle(workers: Workers) -> bool:
         if not s:
             return False
         g = s.get("gauges", {})
-        if s.get("idle_s", 0) < 1.0 or holds_work(g):
+        if idle_for(s) < 1.0 or holds_work(g):
             return False
     return True
 

@@ -29,6 +29,7 @@ from sites.behaviour_site import Behaviour, BehaviourSite
 from sites.demo_server import free_port
 from streams.control import cap_key
 from streams.io import Encoder, connected_producer, producer_conf
+from streams.status import idle_for
 
 pytestmark = pytest.mark.integration
 
@@ -74,8 +75,7 @@ def test_a_pause_issued_before_a_worker_starts_is_honoured(
                    "fetch-0 to own every frontier partition")
         wait_until(lambda: fetch.counter("restores") >= 1 and fetch.gauge("restoring") == 0,
                    60, "fetch-0's partitions restored")
-        wait_until(lambda: fetch.counter("busy_ticks") == 0 and fetch.status().get("idle_s",
-                                                                                   0) > 3,
+        wait_until(lambda: fetch.counter("busy_ticks") == 0 and idle_for(fetch.status()) > 3,
                    30, "fetch-0 idle for a while, paused")
         assert site.pages(HOST) == [], "a paused fleet fetched"
         assert fetch.counter("consumed") == 0

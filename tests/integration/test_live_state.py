@@ -10,7 +10,7 @@ from confluent_kafka import Producer
 from fleet_helpers import create_all_topics
 
 from core.config import Settings
-from infra.live_state import live_entries
+from infra.live_state import LiveReader, live_entries
 from infra.topics import topology_of
 
 pytestmark = pytest.mark.integration
@@ -67,3 +67,28 @@ def test_live_entries_follow_committed_open_and_aborted_transactions(
     live = live_entries(settings, topic, parts)
     assert live.settled and live.counts == {0: 1, 1: 1, 2: 0, 3: 1}, live
     assert live.total == 3
+
+
+def test_one_reader_counts_again_and_again_and_skips_an_unchanged_changelog(
+        settings: Settings) -> None:
+    # The store's sampler reads the same changelogs every 10 s with one reader (issue 43:
+    # new clients each time were most of an idle store worker's CPU).
+    create_all_topics(settings)
+    topic, parts = topology_of(settings).timers, topology_of(settings).partitions
+    reader = LiveReader(settings)
+    p = txn_producer(settings)
+    try:
+        write(p, topic, [(0, b"a", b"1"), (1, b"b", b"1")], commit=True)
+        first = reader.read(topic, parts)
+        assert first.settled and first.counts == {0: 1, 1: 1, 2: 0, 3: 0}
+        assert reader.read(topic, parts) is first  # ends unmoved: not read again
+        write(p, topic, [(1, b"b", None), (2, b"c", b"1")], commit=True)
+        second = reader.read(topic, parts)  # the same clients read the new ends
+        assert second is not first and second.counts == {0: 1, 1: 0, 2: 1, 3: 0}
+        write(p, topic, [(3, b"d", b"1")], commit=None)  # open: unsettled, not kept
+        third = reader.read(topic, parts, timeout_s=3)
+        assert third.unsettled == {3} and reader.read(topic, parts, timeout_s=3) is not third
+        p.abort_transaction(30)
+        assert reader.read(topic, parts).counts == {0: 1, 1: 0, 2: 1, 3: 0}
+    finally:
+        reader.close()

@@ -76,3 +76,34 @@ def test_a_background_gate_never_waits_for_its_measurement() -> None:
     finally:
         release.set()
         gate.close()
+
+
+def test_an_idle_gate_asks_nothing_until_something_is_added() -> None:
+    # Issue 43: an idle parse worker's gate measured twice a second for nothing. Under the
+    # bound with nothing added since, a due refresh asks nothing; the first addition (or
+    # a lag at the bound, waiting to drop) makes it measure again.
+    gate = FrontierGate(OFFLINE, known_lag=0)
+    asked: list[int] = []
+
+    def count(*_: object) -> int:
+        asked.append(1)
+        return 40
+
+    assert gate._probe is not None
+    gate._probe.lag = count  # type: ignore[method-assign,assignment]
+    try:
+        gate._at -= 10  # the last measurement is long past: a refresh is due
+        assert gate.due()
+        gate.refresh()
+        assert asked == [] and gate.estimate == 0
+        gate.add(1)
+        gate.refresh()
+        assert asked == [1] and gate.estimate == 40
+        gate._at -= 10
+        gate.refresh()  # measured at 40 (under 100), nothing added since: idle again
+        assert asked == [1]
+        gate._lag = 100  # at the bound: keeps measuring to learn when it drops
+        gate.refresh()
+        assert asked == [1, 1]
+    finally:
+        gate.close()
