@@ -1,9 +1,10 @@
 """Per-target politeness scheduling: pure logic, driven by a monotonic clock.
 
-Each target has a FIFO of jobs per priority tier and the earliest time its next request
-may start. A target that is deferred (Retry-After, back-off, robots unreachable) or held
-(paused, outside its crawl window) just gets a later time; its jobs wait while every other
-target keeps flowing, so one slow site never blocks a partition.
+Each target has FIFOs of jobs per priority tier (new URLs and revisits apart, below) and
+the earliest time its next request may start. A target that is deferred (Retry-After,
+back-off, robots unreachable) or held (paused, outside its crawl window) just gets a later
+time; its jobs wait while every other target keeps flowing, so one slow site never blocks
+a partition.
 
 A target also has an in-flight limit: a released job counts against it until
 :meth:`TargetScheduler.done`, so a slow site holds at most that many connections however
@@ -25,7 +26,9 @@ runs at its full cap. Both queues share the target's interval, in-flight limit a
 politeness is the target's, whatever kind of job goes. A revisit queue's deque is made
 only while it holds a job (a worker may hold 10,000 slots), and the parked store keeps the
 same four queues on disk (:mod:`consumers.fetch.parking`), so a backlog of due revisits
-parked on disk never holds a new URL behind it either.
+parked on disk never holds a new URL behind it either. Each queue has its own memory share
+(:meth:`TargetPolicy.held`), as each tier had: a target with both kinds waiting may hold
+twice the jobs in memory it held before, and no more.
 """
 
 from __future__ import annotations
@@ -65,17 +68,20 @@ class _Slot(Generic[T]):
     last_sent: float = float("-inf")  # when this worker's last request to it left
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self.queues if q)
+        q = self.queues
+        return len(q[0] or ()) + len(q[1] or ()) + len(q[2] or ()) + len(q[3] or ())
 
     def count(self, queue: int) -> int:
         q = self.queues[queue]
         return len(q) if q else 0
 
     def queue(self, queue: int) -> deque[T]:
-        """Queue ``queue``, made if it is a revisit queue holding nothing."""
+        """Queue ``queue``, made if it is a revisit queue holding nothing: its first job
+        goes next (the tier's last release was a new URL's, or none)."""
         q = self.queues[queue]
         if q is None:
             q = self.queues[queue] = deque()
+            self._turn(queue & HIGH, True)
         return q
 
     def put(self, queue: int, job: T, front: bool = False) -> None:
@@ -95,6 +101,15 @@ class _Slot(Generic[T]):
         return self.count(tier) + self.count(tier | REVISIT)
 
     def take_next(self) -> T:
+        q = self.queues
+        if q[BULK | REVISIT] is None and q[HIGH | REVISIT] is None:  # no revisit waits
+            high_q, bulk_q = q[HIGH], q[BULK]
+            assert high_q is not None and bulk_q is not None
+            if high_q and (not bulk_q or self.high_run < HIGH_SHARE):
+                self.high_run = self.high_run + 1 if bulk_q else 0
+                return high_q.popleft()
+            self.high_run = 0
+            return bulk_q.popleft()
         high, bulk = self.tier_count(HIGH), self.tier_count(BULK)
         if high and (not bulk or self.high_run < HIGH_SHARE):
             self.high_run = self.high_run + 1 if bulk else 0

@@ -102,6 +102,18 @@ def test_a_job_put_back_is_still_next() -> None:
     assert sched.pop_ready(1.0, 1) == [("t", first)]
 
 
+def test_a_revisit_due_after_a_run_of_new_urls_goes_next() -> None:
+    sched: TargetScheduler[str] = TargetScheduler(lambda _t: 0.0)
+    for i in range(10):
+        sched.push("t", f"new-{i}", 0.0)
+    assert [j for k in range(5) for _, j in sched.pop_ready(float(k), 1)] == \
+        [f"new-{i}" for i in range(5)]
+    sched.push("t", "revisit-0", 5.0, revisit=True)
+    sched.push("t", "revisit-1", 5.0, revisit=True)
+    assert [j for k in range(5, 10) for _, j in sched.pop_ready(float(k), 1)] == \
+        ["revisit-0", "new-5", "revisit-1", "new-6", "new-7"]
+
+
 def test_queues_counted_taken_and_shed_with_their_kind() -> None:
     sched: TargetScheduler[str] = TargetScheduler(lambda _t: 0.0)
     for i in range(3):
