@@ -29,10 +29,17 @@ from consumers.warc.capture import next_validators, page_fields
 from core import __version__
 from core.errors import CrawlfleetError, InternalError
 from core.profiles import DIRECT, EGRESS_META
-from core.revisits import RevisitPolicies
+from core.revisits import RevisitPolicies, listed_age_s
 from core.urls import target_of
 from producers.replay import without_replay
-from schemas.keys import REDIRECT_HOPS, REVISIT_INTERVAL, dedupe_key, job_key, page_key
+from schemas.keys import (
+    REDIRECT_HOPS,
+    REVISIT_INTERVAL,
+    dedupe_key,
+    job_key,
+    listed_lastmod,
+    page_key,
+)
 from schemas.records import CrawlJob, EnqueuedLink, FetchEvent, FetchResult, ParsedPage
 from streams.backpressure import FrontierGate
 from streams.batch_stage import BatchStage, NotDueError
@@ -179,13 +186,18 @@ class ParseStage(BatchStage):
     def _next_visit(self, result: FetchResult, seen: Visit) -> list[Output]:
         """The page's next visit, if its target's revisit policy has one: a job for the
         revisit stage to hold ``delay_ms`` (the interval), sent with this visit's
-        validators. A page whose visit failed (an error, a block, a 404) has none."""
+        validators (a sitemap's lastmod is not among them: it dated the first visit only).
+        A page whose visit failed (an error, a block, a 404) has none."""
         job = result["job"]
         if job.get("kind", "page") != "page":
             return []
         meta = job.get("meta") or {}
         last = _seconds(meta.get(REVISIT_INTERVAL)) if job.get("visit", 0) else None
-        interval = self._revisits.for_target(job["target"]).next_interval(last, seen.changed)
+        # a sitemap's lastmod: the page's age at this visit sets an adaptive first interval
+        age = listed_age_s(listed_lastmod(job), result["fetched_at_ms"]) if last is None \
+            else None
+        interval = self._revisits.for_target(job["target"]).next_interval(
+            last, seen.changed, age)
         if interval is None:
             return []
         nxt: CrawlJob = {

@@ -12,6 +12,21 @@ default, in the settings (``revisit``, ``revisits``):
   that never changes drifts to ``max``.
 
 Durations: a number with ``s``, ``m``, ``h``, ``d`` or ``w`` (``90s``, ``15m``, ``6h``).
+
+A sitemap's ``<lastmod>`` (carried by the page's first-visit job, ``schemas.keys.
+listed_lastmod``) sets an adaptive page's *first* interval: the page's age at that visit
+(the visit's time minus lastmod), clamped to ``[min, max]``. The time since the last change
+is the simplest estimate of how long a page goes between changes (Cho & Garcia-Molina's
+age estimator, "Estimating frequency of change", 2003): a page listed as unchanged for
+a month starts near ``max`` rather than climbing there by half-steps from ``min``, a page
+changed an hour ago (or dated in the future: a clock's or a generator's error) starts at
+``min``, as any page without a lastmod does. After that, the page's own visits steer the
+interval as above. ``every`` stays fixed and ``once`` stays once: a listed date is a hint
+for a rate the crawler is asked to learn, never a reason to visit more often or at all.
+An unreadable lastmod is no hint. (A lastmod "not newer than the last visit" would let a
+revisit count as unchanged unfetched, but no revisit carries one: a lastmod comes with a
+page's first-visit job only, as sitemaps are not revisited, so that rule has nothing to
+act on yet.)
 """
 
 from __future__ import annotations
@@ -20,6 +35,7 @@ import fnmatch
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from core.errors import ConfigError
 
@@ -67,16 +83,39 @@ class RevisitPolicy:
         raise ConfigError(f"not a revisit policy: {spec!r} (use 'once', 'every 6h' or "
                           "'adaptive 10m..7d')")
 
-    def next_interval(self, last_s: float | None, changed: bool) -> float | None:
+    def next_interval(self, last_s: float | None, changed: bool,
+                      listed_age_s: float | None = None) -> float | None:
         """Seconds until the next visit after one that found the page ``changed`` (or not),
         ``last_s`` being the interval that led to it (None: it was the first visit);
-        None: no next visit."""
+        None: no next visit. ``listed_age_s``: how long before this first visit a sitemap
+        says the page last changed (:func:`listed_age_s`; None: no sitemap said), which
+        sets an adaptive policy's first interval (clamped to its bounds)."""
         if self.mode == "once":
             return None
-        if self.mode == "every" or last_s is None:
+        if self.mode == "every":
             return self.low_s
+        if last_s is None:
+            if listed_age_s is None:
+                return self.low_s
+            return min(self.high_s, max(self.low_s, listed_age_s))
         step = SHRINK if changed else GROW
         return min(self.high_s, max(self.low_s, last_s * step))
+
+
+def listed_age_s(lastmod: str | None, at: int | datetime) -> float | None:
+    """Seconds from a sitemap's ``lastmod`` (ISO 8601; no zone: UTC) to ``at`` (the visit's
+    time: epoch ms, or an aware datetime as a decoded timestamp-millis field reads),
+    negative if it lies after it; None: no lastmod, or unreadable."""
+    if not lastmod:
+        return None
+    try:
+        when = datetime.fromisoformat(lastmod.strip())
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    at_s = at.timestamp() if isinstance(at, datetime) else at / 1000.0
+    return at_s - when.timestamp()
 
 
 class RevisitPolicies:

@@ -72,6 +72,11 @@ class Pending:
     def tier(self) -> int:
         return int(self.job.get("priority", 0))
 
+    @property
+    def revisit(self) -> bool:
+        """A revisit (visit > 0): it waits in its tier's revisit queue, beside new URLs."""
+        return int(self.job.get("visit") or 0) > 0
+
 
 @dataclass
 class _Results:

@@ -18,6 +18,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message
 
 from consumers.fetch.parking import ParkedQueues, park_key
+from consumers.fetch.scheduler import QUEUES, queue_of
 from consumers.fetch.seen import SeenStore
 from consumers.fetch.targets import Targets
 from consumers.fetch.wiring import FetchWiring
@@ -90,8 +91,8 @@ class Intake:
                 self.status.add("skipped_seen")
                 self.ledger.finish(pj, [self.duplicate(pj)], None)
                 continue
-            target, tier = pj.target, self.tier_of(tp)
-            if self.targets.must_park(target, tier, now):
+            target, queue = pj.target, self.queue_of(pj)
+            if self.targets.must_park(target, queue, now):
                 self.park(pj)  # it comes back with a refill
                 continue
             self.ledger.hold(pj)
@@ -100,6 +101,10 @@ class Intake:
 
     def tier_of(self, tp: TP) -> int:
         return 1 if tp[0] == self.topo.frontier_high else 0
+
+    def queue_of(self, pj: Pending) -> int:
+        """The job's queue number: its topic's tier, and whether it is a revisit."""
+        return queue_of(self.tier_of(pj.tp), pj.revisit)
 
     def park(self, pj: Pending) -> None:
         """Send a job to disk: a frontier record is written to the parked changelog with
@@ -111,7 +116,7 @@ class Intake:
         self.ledger.release(pj)  # before it gets its park key: that changes its identity
         if not self.ledger.current(pj.tp, pj.epoch):
             return
-        pj.park_key = park_key(pj.target, self.tier_of(pj.tp), pj.offset)
+        pj.park_key = park_key(pj.target, self.queue_of(pj), pj.offset)
         change = self.parked.park(pj.tp[1], pj.park_key, pj.job)
         parked = [self.rules.park(pj), lineage_event(self.enc, pj.job, PARKED, "fetch")]
         if not self.ledger.finish(pj, parked, None, [change]):
@@ -155,12 +160,12 @@ class Intake:
         if tp is None or epoch is None:
             return
         share = self.targets.share(target)
-        for tier in (1, 0):
-            held = self.targets.held(target, tier)
+        for queue in QUEUES:
+            held = self.targets.held(target, queue)
             room = share - held
             if room <= 0 or (held and room < share // 2):
                 continue  # refill in batches, not one scan per finished job
-            for key, job in self.parked.take(part, target, tier, room):
+            for key, job in self.parked.take(part, target, queue, room):
                 pj = Pending(tp, -1, epoch, job, job_dedupe_key(job), park_key=key)
                 exc = unknown_profile(job["profile"], self._profiles)
                 if exc is not None:  # parked by a worker configured otherwise
@@ -187,7 +192,7 @@ class Intake:
             return
         self.refill_sweep_at = now + REFILL_SWEEP_S
         for target in self.parked.waiting_targets():
-            if not self.targets.held(target, 0) and not self.targets.held(target, 1):
+            if not any(self.targets.held(target, queue) for queue in QUEUES):
                 self.status.add("refill_sweeps")
                 self.refill(target)
                 self.wake.set()

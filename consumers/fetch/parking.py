@@ -9,9 +9,14 @@ jobs come back in order; a job's completion tombstones its parked entry in the t
 that commits its results. A crash in between redoes the job, and the dedupe keys suppress
 a second side effect.
 
-Keys are ``target NUL tier offset``: the high tier sorts first, and within a tier the
-frontier offset keeps publication order, also for jobs that go back to disk again (a target
-deferred for long sheds its queue here, and its jobs slot back in where they were).
+Keys are ``target NUL queue offset``, one queue per scheduler queue
+(:data:`consumers.fetch.scheduler.QUEUES`: a tier's new URLs, the tier's revisits): the high
+tier's new URLs sort first, and within a queue the frontier offset keeps publication order,
+also for jobs that go back to disk again (a target deferred for long sheds its queue here,
+and its jobs slot back in where they were). Revisits are parked apart from new URLs so that
+a due backlog of one never holds the other behind it on disk; the bytes of the two new-URL
+queues are those the keys had before revisits had queues of their own, so a store parked
+then reads the same.
 """
 
 from __future__ import annotations
@@ -23,19 +28,21 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import ParamSpec, TypeVar
 
+from consumers.fetch.scheduler import HIGH, QUEUES, REVISIT
 from schemas.records import CrawlJob
 from schemas.topics import partition_for
 from streams.ledger import StoreChange
 from streams.state_store import StateStore
 
-HIGH_BYTE, BULK_BYTE = b"\x00", b"\x01"
+HIGH_BYTE, BULK_BYTE = b"\x00", b"\x01"  # new URLs; revisits: the same plus 2
 P = ParamSpec("P")
-Q = tuple[str, int]  # one parked queue: (target, tier)
+Q = tuple[str, int]  # one parked queue: (target, queue number)
 R = TypeVar("R")
 
 
-def park_key(target: str, tier: int, offset: int) -> bytes:
-    return _prefix(target, tier) + offset.to_bytes(8, "big")
+def park_key(target: str, queue: int, offset: int) -> bytes:
+    """The key of a job parked in ``target``'s queue number ``queue`` at ``offset``."""
+    return _prefix(target, queue) + offset.to_bytes(8, "big")
 
 
 def target_of_key(key: bytes) -> str:
@@ -43,13 +50,15 @@ def target_of_key(key: bytes) -> str:
 
 
 def queue_of_key(key: bytes) -> tuple[str, int]:
-    """(target, tier) of a parked key."""
+    """(target, queue number) of a parked key."""
     cut = key.index(b"\x00")
-    return key[:cut].decode(), 1 if key[cut + 1:cut + 2] == HIGH_BYTE else 0
+    byte = key[cut + 1]
+    return key[:cut].decode(), (HIGH if byte % 2 == 0 else 0) | (REVISIT if byte >= 2 else 0)
 
 
-def _prefix(target: str, tier: int) -> bytes:
-    return target.encode() + b"\x00" + (HIGH_BYTE if tier > 0 else BULK_BYTE)
+def _prefix(target: str, queue: int) -> bytes:
+    byte = (0 if queue & HIGH else 1) + (2 if queue & REVISIT else 0)
+    return target.encode() + b"\x00" + bytes((byte,))
 
 
 def encode_job(job: CrawlJob) -> bytes:
@@ -83,11 +92,11 @@ def _locked(fn: Callable[P, R]) -> Callable[P, R]:
 class ParkedQueues:
     """Counts and moves of the parked jobs of the partitions this worker owns.
 
-    Each (target, tier) is one queue. ``stored`` counts its committed entries; ``taken`` are
+    Each (target, queue number) is one queue. ``stored`` counts its committed entries; ``taken`` are
     entries back in memory (not yet tombstoned by a committed transaction); ``pending``
     counts parks not yet committed. A queue with parked work takes new arrivals behind it
-    (parks them too), so order is kept; tiers are separate queues, so the scheduler's
-    high:bulk mix still sees both.
+    (parks them too), so order is kept; tiers, and revisits and new URLs, are separate
+    queues, so the scheduler's high:bulk mix and its revisit:new turns still see both.
     """
 
     def __init__(self, store: StateStore, partitions: int) -> None:
@@ -106,23 +115,22 @@ class ParkedQueues:
     # --- counts ---------------------------------------------------------------------------
 
     @_locked
-    def available(self, target: str, tier: int | None = None) -> int:
-        """Committed entries not in memory (of one tier, or both): what a refill can take."""
-        tiers = (0, 1) if tier is None else (tier,)
-        return sum(self._stored.get((target, t), 0) - self._taken_n.get((target, t), 0)
-                   for t in tiers)
+    def available(self, target: str, queue: int | None = None) -> int:
+        """Committed entries not in memory (of one queue, or all): what a refill can take."""
+        queues = QUEUES if queue is None else (queue,)
+        return sum(self._stored.get((target, q), 0) - self._taken_n.get((target, q), 0)
+                   for q in queues)
 
     @_locked
     def waiting_targets(self) -> set[str]:
         """Targets with committed entries not in memory (a refill could take them)."""
-        return {t for (t, tier), n in self._stored.items()
-                if n - self._taken_n.get((t, tier), 0) > 0}
+        return {t for (t, queue), n in self._stored.items()
+                if n - self._taken_n.get((t, queue), 0) > 0}
 
     @_locked
-    def must_park(self, target: str, tier: int) -> bool:
+    def must_park(self, target: str, queue: int) -> bool:
         """New work goes behind what its queue has parked, or order would be lost."""
-        q = (target, tier)
-        return self.available(target, tier) > 0 or self._pending.get(q, 0) > 0
+        return self.available(target, queue) > 0 or self._pending.get((target, queue), 0) > 0
 
     @_locked
     def total(self) -> int:
@@ -184,15 +192,15 @@ class ParkedQueues:
         return partition, key, encode_job(job)
 
     @_locked
-    def take(self, partition: int, target: str, tier: int,
+    def take(self, partition: int, target: str, queue: int,
              n: int) -> list[tuple[bytes, CrawlJob]]:
         """Up to ``n`` of the queue's oldest parked jobs back into memory."""
-        if n <= 0 or self.available(target, tier) <= 0:
+        if n <= 0 or self.available(target, queue) <= 0:
             return []
-        out = self._scan(partition, _prefix(target, tier), n)
+        out = self._scan(partition, _prefix(target, queue), n)
         for key, _ in out:
             self._taken.add(key)
-            self._add(self._taken_n, (target, tier), 1)
+            self._add(self._taken_n, (target, queue), 1)
         return [(k, decode_job(v)) for k, v in out]
 
     def _scan(self, partition: int, prefix: bytes, n: int) -> list[tuple[bytes, bytes]]:

@@ -1,9 +1,10 @@
 """Per-target politeness scheduling: pure logic, driven by a monotonic clock.
 
-Each target has a FIFO of jobs per priority tier and the earliest time its next request
-may start. A target that is deferred (Retry-After, back-off, robots unreachable) or held
-(paused, outside its crawl window) just gets a later time; its jobs wait while every other
-target keeps flowing, so one slow site never blocks a partition.
+Each target has FIFOs of jobs per priority tier (new URLs and revisits apart, below) and
+the earliest time its next request may start. A target that is deferred (Retry-After,
+back-off, robots unreachable) or held (paused, outside its crawl window) just gets a later
+time; its jobs wait while every other target keeps flowing, so one slow site never blocks
+a partition.
 
 A target also has an in-flight limit: a released job counts against it until
 :meth:`TargetScheduler.done`, so a slow site holds at most that many connections however
@@ -12,6 +13,22 @@ long it takes to answer.
 Tiers share the target's cap: of every ``HIGH_SHARE + 1`` releases for a target with work
 in both tiers, at most ``HIGH_SHARE`` go to the high tier, so the bulk tier keeps a
 reserved share (80/20) and is never starved by a busy high tier.
+
+Within a tier, revisits (jobs with ``visit`` > 0, put on the frontier by the revisit stage
+when due) wait in a queue of their own beside new URLs, and the tier's releases alternate
+between the two while both wait: new URLs keep half of the target's starts however many
+revisits come due (100 due revisits delay 10 new URLs by 10 starts, not 100), and revisits
+keep half however many links a site mints (a site that never stops growing still gets
+refreshed). Alternation was chosen over a weighted share because neither kind of work is
+more urgent in general, it needs one bit of state per tier, and it is exact from the first
+release; a queue alone gets every start, so a target with only revisits or only new URLs
+runs at its full cap. Both queues share the target's interval, in-flight limit and holds:
+politeness is the target's, whatever kind of job goes. A revisit queue's deque is made
+only while it holds a job (a worker may hold 10,000 slots), and the parked store keeps the
+same four queues on disk (:mod:`consumers.fetch.parking`), so a backlog of due revisits
+parked on disk never holds a new URL behind it either. Each queue has its own memory share
+(:meth:`TargetPolicy.held`), as each tier had: a target with both kinds waiting may hold
+twice the jobs in memory it held before, and no more.
 """
 
 from __future__ import annotations
@@ -25,29 +42,97 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 BULK, HIGH = 0, 1
 HIGH_SHARE = 4  # high:bulk = 4:1 when both tiers have work
+#: Added to a tier: that tier's revisit queue. A queue number is ``tier | REVISIT`` or the
+#: tier alone (new URLs): BULK 0, HIGH 1, bulk revisits 2, high revisits 3.
+REVISIT = 2
+#: Every queue number, high tier first.
+QUEUES = (HIGH, HIGH | REVISIT, BULK, BULK | REVISIT)
+
+
+def queue_of(tier: int, revisit: bool) -> int:
+    """The queue number of a job of priority ``tier`` (> 0: high), a revisit or not."""
+    return (HIGH if tier > 0 else BULK) | (REVISIT if revisit else 0)
 
 
 @dataclass
 class _Slot(Generic[T]):
     interval: float
-    queues: tuple[deque[T], deque[T]] = field(default_factory=lambda: (deque(), deque()))
+    #: Indexed by queue number; a revisit queue exists only while it holds jobs.
+    queues: list[deque[T] | None] = field(default_factory=lambda: [deque(), deque(), None, None])
     next_at: float = 0.0
     scheduled: bool = False  # present in the ready heap
     high_run: int = 0  # consecutive high-tier releases while bulk work waited
+    revisit_next: int = 0  # bit ``tier`` set: that tier's revisit queue goes next
     inflight: int = 0  # released, not yet done
     limit: int = 1 << 30  # in-flight limit
     last_sent: float = float("-inf")  # when this worker's last request to it left
 
     def __len__(self) -> int:
-        return len(self.queues[BULK]) + len(self.queues[HIGH])
+        q = self.queues
+        return len(q[0] or ()) + len(q[1] or ()) + len(q[2] or ()) + len(q[3] or ())
+
+    def count(self, queue: int) -> int:
+        q = self.queues[queue]
+        return len(q) if q else 0
+
+    def queue(self, queue: int) -> deque[T]:
+        """Queue ``queue``, made if it is a revisit queue holding nothing: its first job
+        goes next (the tier's last release was a new URL's, or none)."""
+        q = self.queues[queue]
+        if q is None:
+            q = self.queues[queue] = deque()
+            self._turn(queue & HIGH, True)
+        return q
+
+    def put(self, queue: int, job: T, front: bool = False) -> None:
+        if front:
+            self.queue(queue).appendleft(job)
+            self._turn(queue & HIGH, bool(queue & REVISIT))  # it was next: it still is
+        else:
+            self.queue(queue).append(job)
+
+    def _turn(self, tier: int, revisit: bool) -> None:
+        if revisit:
+            self.revisit_next |= 1 << tier
+        else:
+            self.revisit_next &= ~(1 << tier)
+
+    def tier_count(self, tier: int) -> int:
+        return self.count(tier) + self.count(tier | REVISIT)
 
     def take_next(self) -> T:
-        high, bulk = self.queues[HIGH], self.queues[BULK]
+        q = self.queues
+        if q[BULK | REVISIT] is None and q[HIGH | REVISIT] is None:  # no revisit waits
+            high_q, bulk_q = q[HIGH], q[BULK]
+            assert high_q is not None and bulk_q is not None
+            if high_q and (not bulk_q or self.high_run < HIGH_SHARE):
+                self.high_run = self.high_run + 1 if bulk_q else 0
+                return high_q.popleft()
+            self.high_run = 0
+            return bulk_q.popleft()
+        high, bulk = self.tier_count(HIGH), self.tier_count(BULK)
         if high and (not bulk or self.high_run < HIGH_SHARE):
             self.high_run = self.high_run + 1 if bulk else 0
-            return high.popleft()
+            return self._take_from(HIGH)
         self.high_run = 0
-        return bulk.popleft()
+        return self._take_from(BULK)
+
+    def _take_from(self, tier: int) -> T:
+        """The tier's next job: revisits and new URLs in turn while both wait."""
+        new, old = self.queues[tier], self.queues[tier | REVISIT]
+        revisit = bool(old) and (not new or bool(self.revisit_next >> tier & 1))
+        self._turn(tier, not revisit)  # the other queue goes next
+        if not revisit:
+            assert new is not None
+            return new.popleft()
+        assert old is not None
+        job = old.popleft()
+        if not old:
+            self.queues[tier | REVISIT] = None
+        return job
+
+    def clear(self) -> None:
+        self.queues = [deque(), deque(), None, None]
 
 
 class TargetScheduler(Generic[T]):
@@ -90,16 +175,19 @@ class TargetScheduler(Generic[T]):
             slot.scheduled = True
             heapq.heappush(self._heap, (max(slot.next_at, now), target))
 
-    def push(self, target: str, job: T, now: float, tier: int = BULK) -> None:
+    def push(self, target: str, job: T, now: float, tier: int = BULK,
+             revisit: bool = False) -> None:
+        """Queue ``job`` (of priority ``tier``, a revisit or a new URL) for ``target``."""
         slot = self._slot(target, now)
-        slot.queues[HIGH if tier > 0 else BULK].append(job)
+        slot.put(queue_of(tier, revisit), job)
         self._size += 1
         self._schedule(target, slot, now)
 
-    def push_front(self, target: str, job: T, now: float, tier: int = BULK) -> None:
+    def push_front(self, target: str, job: T, now: float, tier: int = BULK,
+                   revisit: bool = False) -> None:
         """Put ``job`` back at the head of its queue (it was released too early)."""
         slot = self._slot(target, now)
-        slot.queues[HIGH if tier > 0 else BULK].appendleft(job)
+        slot.put(queue_of(tier, revisit), job, front=True)
         self._size += 1
         self._schedule(target, slot, now)
 
@@ -170,16 +258,20 @@ class TargetScheduler(Generic[T]):
 
     def take_tail(self, target: str, keep: int) -> list[T]:
         """Remove and return the newest jobs of ``target`` beyond its first ``keep`` queued
-        (bulk tier first): what a target holds beyond its memory share goes back to disk."""
+        (bulk tier first, its revisits before its new URLs): what a target holds beyond its
+        memory share goes back to disk."""
         slot = self._slots.get(target)
         if slot is None:
             return []
         out: list[T] = []
         excess = len(slot) - max(0, keep)
-        for q in (slot.queues[BULK], slot.queues[HIGH]):
+        for queue in reversed(QUEUES):
+            q = slot.queues[queue]
             while excess > 0 and q:
                 out.append(q.pop())
                 excess -= 1
+            if queue & REVISIT and not q:
+                slot.queues[queue] = None
         self._size -= len(out)
         out.reverse()
         return out
@@ -252,9 +344,8 @@ class TargetScheduler(Generic[T]):
         slot = self._slots.get(target)
         if slot is None:
             return []
-        jobs = [*slot.queues[HIGH], *slot.queues[BULK]]
-        slot.queues[HIGH].clear()
-        slot.queues[BULK].clear()
+        jobs = [job for queue in QUEUES for job in slot.queues[queue] or ()]
+        slot.clear()
         self._size -= len(jobs)
         return jobs
 
@@ -262,18 +353,22 @@ class TargetScheduler(Generic[T]):
         """Remove queued jobs for which ``keep`` is false (e.g. revoked partitions)."""
         dropped = 0
         for slot in self._slots.values():
-            for q in slot.queues:
+            for n, q in enumerate(slot.queues):
+                if not q:
+                    continue
                 before = len(q)
                 kept = [j for j in q if keep(j)]
                 q.clear()
                 q.extend(kept)
                 dropped += before - len(kept)
+                if n & REVISIT and not q:
+                    slot.queues[n] = None
         self._size -= dropped
         return dropped
 
-    def queued(self, target: str, tier: int | None = None) -> int:
-        """Jobs queued for ``target`` (in one tier, or both)."""
+    def queued(self, target: str, queue: int | None = None) -> int:
+        """Jobs queued for ``target`` (in one queue, by its number, or all of them)."""
         slot = self._slots.get(target)
         if slot is None:
             return 0
-        return len(slot) if tier is None else len(slot.queues[HIGH if tier > 0 else BULK])
+        return len(slot) if queue is None else slot.count(queue)

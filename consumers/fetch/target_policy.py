@@ -221,17 +221,18 @@ class TargetPolicy:
         """Jobs ``target`` may hold in memory: a few seconds at its current rate."""
         return self._view(target).share(self.cap_of(target), self.limits)
 
-    def held(self, target: str, tier: int) -> int:
-        """A tier's jobs in memory (and the target's in flight): each tier has its own
-        share, so the scheduler's high:bulk mix always sees both."""
-        return self.sched.queued(target, tier) + self.sched.inflight(target) \
+    def held(self, target: str, queue: int) -> int:
+        """A queue's jobs in memory (and the target's in flight): each queue (a tier's new
+        URLs, its revisits) has its own share, so the scheduler's high:bulk mix and its
+        revisit:new turns always see both."""
+        return self.sched.queued(target, queue) + self.sched.inflight(target) \
             + self.identities.waiting(target)
 
-    def must_park(self, target: str, tier: int, now: float, behind_parked: bool) -> bool:
+    def must_park(self, target: str, queue: int, now: float, behind_parked: bool) -> bool:
         """Whether a new job goes to disk: behind what is parked, beyond the target's share,
         or no room for one more target's state (it comes back with a refill)."""
         return behind_parked \
-            or self._view(target).over_share(self.held(target, tier), self.cap_of(target),
+            or self._view(target).over_share(self.held(target, queue), self.cap_of(target),
                                              self.limits) \
             or not self.room_for(target, now)
 

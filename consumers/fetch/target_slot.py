@@ -99,7 +99,7 @@ class TargetSlot:
                         limits.buffer_floor, self.inflight_limit(limits), limits.share_ceiling)
 
     def over_share(self, held: int, cap: float, limits: SlotLimits) -> bool:
-        """Whether a new job goes to disk with ``held`` jobs of its tier already in memory."""
+        """Whether a new job goes to disk with ``held`` jobs of its queue already in memory."""
         return held >= self.share(cap, limits)
 
     def shed_to(self, signal: Signal, queued: int, cap: float,

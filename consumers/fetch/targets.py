@@ -31,7 +31,7 @@ from consumers.fetch.parking import ParkedQueues
 from consumers.fetch.quarantine_holds import describe, hold_of
 from consumers.fetch.robots import RobotsRules
 from consumers.fetch.robots_cache import RobotsCache
-from consumers.fetch.scheduler import TargetScheduler
+from consumers.fetch.scheduler import QUEUES, TargetScheduler
 from consumers.fetch.target_policy import Observed, TargetPolicy
 from core.config import Settings
 from core.profiles import EGRESS_META, unknown_profile
@@ -199,7 +199,7 @@ class Targets:
     def has_work(self, target: str) -> bool:
         """Whether ``target`` has jobs queued here or parked (committed or not)."""
         return bool(self.sched.queued(target)) or any(
-            self.parked.must_park(target, tier) for tier in (0, 1))
+            self.parked.must_park(target, queue) for queue in QUEUES)
 
     def interval(self, target: str) -> float:
         return self.policy.interval(target)
@@ -294,11 +294,11 @@ class Targets:
     # --- what happened ----------------------------------------------------------------------
 
     def queue(self, target: str, pj: Pending, now: float) -> None:
-        self.sched.push(target, pj, now, tier=pj.tier)
+        self.sched.push(target, pj, now, tier=pj.tier, revisit=pj.revisit)
 
     def requeue(self, target: str, pj: Pending, now: float) -> None:
         """``pj`` goes back to the front of its target's queue (it was taken, not sent)."""
-        self.sched.push_front(target, pj, now, tier=pj.tier)
+        self.sched.push_front(target, pj, now, tier=pj.tier, revisit=pj.revisit)
 
     def take_tail(self, target: str, keep: int) -> list[Pending]:
         """``target``'s queued jobs beyond its first ``keep`` (to go to disk)."""
@@ -349,10 +349,10 @@ class Targets:
 
     # --- memory: shares, parking, forgetting ------------------------------------------------
 
-    def must_park(self, target: str, tier: int, now: float) -> bool:
-        """Whether a new job goes to disk: behind what its queue has parked, beyond the
-        target's share, or no room for one more target's state."""
-        return self.policy.must_park(target, tier, now, self.parked.must_park(target, tier))
+    def must_park(self, target: str, queue: int, now: float) -> bool:
+        """Whether a new job of queue number ``queue`` goes to disk: behind what its queue
+        has parked, beyond the target's share, or no room for one more target's state."""
+        return self.policy.must_park(target, queue, now, self.parked.must_park(target, queue))
 
     def resting(self, target: str, now: float) -> bool:
         return self.policy.resting(target, now)
@@ -363,8 +363,8 @@ class Targets:
     def share(self, target: str) -> int:
         return self.policy.share(target)
 
-    def held(self, target: str, tier: int) -> int:
-        return self.policy.held(target, tier)
+    def held(self, target: str, queue: int) -> int:
+        return self.policy.held(target, queue)
 
     def due_wakes(self, now: float) -> list[str]:
         return self.policy.due_wakes(now)

@@ -1,6 +1,7 @@
 """Revisits on the real broker and store (issue 45): pages visited again on their
 interval by the revisit stage's keyed timers, each visit fetched and stored once, a kill -9
-of the timer owner while revisits are due firing each of them exactly once.
+of the timer owner while revisits are due firing each of them exactly once, and new URLs
+keeping their share of a target busy with due revisits.
 
 Intervals are seconds here (``every 3s``): timers run on broker time, which a test cannot
 speed up, so the cycles are short instead; the policies' arithmetic over long simulated
@@ -108,3 +109,29 @@ def test_a_revisit_is_a_job_like_any_other_robots_txt_included(
         requests = site.count("/p")
     assert requests == 1  # the first visit only
     assert [v for v, _ in _visits(s)[url]] == [0]
+
+
+def test_new_urls_keep_their_share_of_a_target_busy_with_due_revisits(
+        settings: Settings, site_port: int, fleet: Callable[[Settings], Workers]) -> None:
+    """20 pages revisited every second at 10 requests/s: once the first pass is done, the
+    target is never without due revisits. 8 new URLs published then are started in turn
+    with them (the fetch stage's revisit and new-URL queues alternate), not one after
+    another behind every revisit queued before them. The order is the site's."""
+    s = settings.replace(revisit="every 1s", rate_cap=10.0)
+    create_all_topics(s)
+    ws = fleet(s)
+    with ChangingSite(HOST, site_port) as site:
+        for i in range(20):
+            site.add(f"/o{i}", "etag")
+        ws.start_pipeline()
+        ws.start("revisit")
+        publish_seeds(s, [canonicalize(site.url(f"/o{i}")) for i in range(20)])
+        wait_until(lambda: len(site.conditionals) >= 30, 60, "revisits under way")
+        publish_seeds(s, [canonicalize(site.add(f"/new{i}", "etag")) for i in range(8)])
+        wait_until(lambda: all(site.count(f"/new{i}") for i in range(8)), 60,
+                   "every new page fetched")
+        order = [path for path, _, _ in list(site.conditionals)]
+    firsts = [order.index(f"/new{i}") for i in range(8)]
+    between = order[min(firsts):max(firsts) + 1]
+    # in turn: a revisit between two new URLs (without the turns: none, one after another)
+    assert sum(p.startswith("/o") for p in between) >= 4, between

@@ -7,7 +7,8 @@ a ``.xml.gz`` file, an index nested past the depth cap, a decompression bomb, a 
 sitemap, one robots.txt disallows, and listed URLs that are off-scope, private or
 disallowed by robots.txt. The store holds exactly the listed pages that pass; each bad
 sitemap is one dead letter with its reason; nothing else is lost, and nothing is fetched
-twice or fetched that should not be.
+twice or fetched that should not be. A listed ``lastmod`` sets the page's first revisit
+interval under an adaptive policy (its age, clamped to the policy's bounds).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 
 import pytest
 from fleet_helpers import (
@@ -97,13 +99,15 @@ def test_a_crawl_from_a_published_sitemap_and_from_robots_sitemap_lines(
     # No private address is allowed but the two loopback sites': 10.x must be refused.
     s = settings.replace(allow_private=False, allow_hosts=(HOST_A, HOST_B),
                          follow_sitemaps=True, sitemap_max_depth=2,
-                         sitemap_max_bytes=1024 * 1024)
+                         sitemap_max_bytes=1024 * 1024, revisit="adaptive 1h..7d")
     a, b = f"http://{HOST_A}:{port}", f"http://{HOST_B}:{port}"
     create_all_topics(s)
     ws = fleet(s)
     with CountingServer(HOST_A, port, _site_a(a, f"http://127.0.0.9:{port}")) as site_a, \
             CountingServer(HOST_B, port, _site_b(b)) as site_b:
         ws.start_pipeline()
+        ws.start("revisit")  # holds the next visits (due in hours: none is made here)
+        listed_at = time.time()
         env = {**os.environ, **settings_env(s)}
         env.pop("CRAWLFLEET_CONFIG", None)
         out = subprocess.run([sys.executable, "-m", "crawlfleet.cli", "publish", "--sitemap",
@@ -146,6 +150,17 @@ def test_a_crawl_from_a_published_sitemap_and_from_robots_sitemap_lines(
         mods = {j["url"]: listed_lastmod(j) for j in jobs if j["kind"] == "page"}
         assert mods[a + "/a0"] == "2026-11-02T08:00:00+00:00" and mods[a + "/g0"] is None
         assert not any("10.0.0." in j["url"] or "127.0.0.9" in j["url"] for j in jobs)
+        # ... and sets the first revisit interval: the page's age at its visit, clamped to
+        # [1h, 7d]; a page listed without one starts at 1h.
+        nxt = {j["url"]: j["delay_ms"] / 1000 for j in (
+            codec.decode("CrawlJob", r.value, r.headers)
+            for r in read_topic(s, topology_of(s).revisits))}
+        assert set(nxt) == set(expected)
+        mod_s = datetime.fromisoformat(mods[a + "/a0"]).timestamp()
+        low, high = (min(7 * 86400.0, max(3600.0, t - mod_s))
+                     for t in (listed_at, time.time()))
+        assert all(low - 1 <= nxt[a + f"/a{i}"] <= high + 1 for i in range(4)), nxt
+        assert nxt[a + "/g0"] == nxt[b + "/b0"] == 3600, nxt
         assert all(w.alive() for w in ws.all.values()), ws.logs()
     report("sitemap_crawl", pages=len(expected), dead=len(dead), drain_s=round(drain_s, 1),
            total_s=round(time.monotonic() - started, 1))

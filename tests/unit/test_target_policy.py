@@ -15,7 +15,7 @@ import pytest
 
 from consumers.fetch.classify import Signal
 from consumers.fetch.robots_cache import RobotsCache
-from consumers.fetch.scheduler import TargetScheduler
+from consumers.fetch.scheduler import BULK, REVISIT, TargetScheduler
 from consumers.fetch.target_policy import TargetPolicy
 from core.config import Settings
 
@@ -79,6 +79,14 @@ def test_a_job_parks_behind_parked_work_beyond_its_share_or_with_no_room() -> No
     w.sched.push("b.test", "b0", 0.0)  # both target states in use, neither idle
     assert w.policy.must_park("c.test", 0, 0.0, behind_parked=False)
     assert "c.test" not in w.sched
+
+
+def test_due_revisits_filling_their_share_leave_room_for_new_urls() -> None:
+    w = _World()
+    for n in range(26):  # a.test's share (26) of due revisits in memory
+        w.sched.push("a.test", f"r{n}", 0.0, revisit=True)
+    assert w.policy.must_park("a.test", BULK | REVISIT, 0.0, behind_parked=False)
+    assert not w.policy.must_park("a.test", BULK, 0.0, behind_parked=False)  # own share
 
 
 def test_a_new_target_finds_room_by_forgetting_the_longest_idle() -> None:

@@ -3,6 +3,7 @@ parse and store make of a revisit. Pure: no broker, no store."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from consumers.store import keeps_version, visit_outcome, visit_row
 from core.config import load_settings
 from core.revisits import RevisitPolicies
 from infra.topics import topology_of
-from schemas.keys import job_dedupe_key
+from schemas.keys import LASTMOD, REVISIT_INTERVAL, job_dedupe_key
 from schemas.records import CrawlJob, FetchResult, ParsedPage
 from streams.io import Encoder
 from streams.ledger import Pending
@@ -177,6 +178,24 @@ def test_a_304_revisit_keeps_the_last_signature_and_emits_nothing() -> None:
     page, jobs = _parse(_job(visit=3, validators=last), 304, b"", {"etag": ETAG})
     assert (page["status"], page["changed"], page["text"], jobs) == (304, False, "", [])
     assert page["validators"] == last
+
+
+def test_a_sitemaps_lastmod_sets_the_first_adaptive_interval() -> None:
+    """The first visit of a page a sitemap listed as unchanged for 3 days: its next visit
+    is 3 days away (adaptive 1h..7d), not 1 h; one listed without lastmod gets 1 h; the
+    next visit does not carry the lastmod on, and then steers from its own interval."""
+    fetched_s = 1_780_000_000  # _parse_all's fetched_at_ms
+    old = datetime.fromtimestamp(fetched_s - 3 * 86400, UTC).isoformat()
+    _, _, [nxt] = _parse_all(_job(validators={LASTMOD: old}), 200, HTML, None,
+                             "adaptive 1h..7d")
+    assert nxt["delay_ms"] == 3 * 86400 * 1000
+    assert nxt["meta"][REVISIT_INTERVAL] == "259200" and LASTMOD not in nxt["validators"]
+    _, _, [plain] = _parse_all(_job(), 200, HTML, None, "adaptive 1h..7d")
+    assert plain["delay_ms"] == 3600 * 1000
+    _, _, [again] = _parse_all(nxt, 200, HTML, None, "adaptive 1h..7d")  # unchanged
+    assert again["delay_ms"] == int(1.5 * 3 * 86400 * 1000)
+    _, _, [fixed] = _parse_all(_job(validators={LASTMOD: old}), 200, HTML, None, "every 6h")
+    assert fixed["delay_ms"] == 6 * 3600 * 1000
 
 
 # --- what the store keeps -----------------------------------------------------------------
