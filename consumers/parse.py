@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from confluent_kafka import Message
@@ -84,10 +84,18 @@ class RecentSet:
 
 @dataclass(frozen=True)
 class Visit:
-    """What a fetched page is as a visit: changed since the last one, and its signature."""
+    """What a fetched page is as a visit: changed since the last one, its signature, and
+    the seconds until its next visit (None: none), which its stored row and its revisit
+    job both carry."""
 
     changed: bool
     signature: str
+    next_s: float | None = None
+
+    @property
+    def next_ms(self) -> int:
+        """The next visit's interval in ms (0: none): the revisit job's ``delay_ms``."""
+        return int(self.next_s * 1000) if self.next_s is not None else 0
 
 
 class ParseStage(BatchStage):
@@ -168,7 +176,7 @@ class ParseStage(BatchStage):
         last = (job.get("validators") or {}).get(SIGNATURE, "")
         if result["status"] == NOT_MODIFIED and visit > 0:
             # unchanged since the last visit: nothing to parse, no links again
-            seen = Visit(False, last)
+            seen = self._planned(result, Visit(False, last))
             return [self._page_output(result, "", "", [], [], seen),
                     *self._next_visit(result, seen)]
         ok = 200 <= result["status"] <= 299
@@ -177,20 +185,20 @@ class ParseStage(BatchStage):
         links = page.links if page else []
         signature = text_signature(page.text) if page else ""
         seen = Visit(visit == 0 or not last or signature != last, signature)
+        if ok:  # a page whose visit failed (an error, a block, a 404) has no next visit
+            seen = self._planned(result, seen)
         # a revisit whose text is the last visit's puts no link on the frontier again
         jobs, enqueued = self._link_jobs(job, links) if seen.changed else ([], [])
         return [self._page_output(result, page.title if page else "",
                                   page.text if page else "", links, enqueued, seen),
-                *jobs, *(self._next_visit(result, seen) if ok else [])]
+                *jobs, *self._next_visit(result, seen)]
 
-    def _next_visit(self, result: FetchResult, seen: Visit) -> list[Output]:
-        """The page's next visit, if its target's revisit policy has one: a job for the
-        revisit stage to hold ``delay_ms`` (the interval), sent with this visit's
-        validators (a sitemap's lastmod is not among them: it dated the first visit only).
-        A page whose visit failed (an error, a block, a 404) has none."""
+    def _planned(self, result: FetchResult, seen: Visit) -> Visit:
+        """``seen`` with the interval to the page's next visit, if its target's revisit
+        policy has one (from ``changed`` and the interval that led to this visit)."""
         job = result["job"]
         if job.get("kind", "page") != "page":
-            return []
+            return seen
         meta = job.get("meta") or {}
         last = _seconds(meta.get(REVISIT_INTERVAL)) if job.get("visit", 0) else None
         # a sitemap's lastmod: the page's age at this visit sets an adaptive first interval
@@ -198,10 +206,19 @@ class ParseStage(BatchStage):
             else None
         interval = self._revisits.for_target(job["target"]).next_interval(
             last, seen.changed, age)
+        return replace(seen, next_s=interval)
+
+    def _next_visit(self, result: FetchResult, seen: Visit) -> list[Output]:
+        """The page's next visit, if one is planned (:meth:`_planned`): a job for the
+        revisit stage to hold ``delay_ms`` (the interval), sent with this visit's
+        validators (a sitemap's lastmod is not among them: it dated the first visit only)."""
+        job = result["job"]
+        interval = seen.next_s
         if interval is None:
             return []
+        meta = job.get("meta") or {}
         nxt: CrawlJob = {
-            **job, "attempt": 0, "last_error": None, "delay_ms": int(interval * 1000),
+            **job, "attempt": 0, "last_error": None, "delay_ms": seen.next_ms,
             "meta": {**{k: v for k, v in link_meta(meta).items() if k != EGRESS_META},
                      REVISIT_INTERVAL: f"{interval:g}"},
             "visit": int(job.get("visit") or 0) + 1,
@@ -234,6 +251,7 @@ class ParseStage(BatchStage):
             # the visit, and what its next one needs (issue 45)
             "visit": int(job.get("visit") or 0), "changed": visit.changed,
             "signature": visit.signature, "validators": validators,
+            "next_visit_ms": visit.next_ms,
             "pinned": bool(job.get("pinned", True)), "priority": job.get("priority", 0),
             "meta": {k: v for k, v in link_meta(job.get("meta")).items() if k != EGRESS_META},
             "egress": attempt_egress(job), **page_fields(result, self._warc)}

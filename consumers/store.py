@@ -142,7 +142,25 @@ def visit_row(p: ParsedPage) -> tuple[Any, ...]:
     return (p["dedupe_key"], p.get("visit", 0), p["url"], p["target"], p["profile"],
             _fetched_at(p["fetched_at_ms"]), p["status"], visit_outcome(p),
             int(p.get("changed", True)), p.get("signature", ""), v.get(ETAG, ""),
-            v.get(LAST_MODIFIED, ""))
+            v.get(LAST_MODIFIED, ""), next_due_at(p))
+
+
+#: page_visits' ``next_due_at`` of a visit with no next one (and of rows stored before it).
+NO_NEXT_VISIT = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def next_due_at(p: ParsedPage) -> datetime:
+    """When the page's next visit is due, as the parse stage planned it: its clock when it
+    parsed the visit plus the interval (ParsedPage v8's ``next_visit_ms``). The revisit
+    stage counts the interval from the broker's append of the job, written in the same
+    transaction a moment later, so a revisit is late here by that moment at least.
+    :data:`NO_NEXT_VISIT` when there is none (an older record, policy ``once``, a failed
+    visit)."""
+    wait = int(p.get("next_visit_ms") or 0)
+    if wait <= 0:
+        return NO_NEXT_VISIT
+    parsed = _fetched_at(p.get("parsed_at_ms", 0))
+    return _ts((parsed - NO_NEXT_VISIT) // timedelta(milliseconds=1) + wait)
 
 
 def keeps_version(p: ParsedPage) -> bool:

@@ -156,6 +156,9 @@ class ParsedPage(TypedDict):
     body_z: bytes
     payload_digest: str
     last_capture: dict[str, str]
+    #: v8: milliseconds from ``parsed_at_ms`` to the page's next visit (the interval its
+    #: revisit job waits; 0: none), for page_visits' ``next_due_at`` (issue 45.3).
+    next_visit_ms: int
 
 
 class DeadLetter(TypedDict):

@@ -69,6 +69,8 @@ PANELS: tuple[Panel, ...] = (
     Panel("version_pages", "table", "no page stored in this window", approval=True),
     Panel("visits", "table", "no visit in this window: no page was fetched or revisited",
           highlight=("change_rate",)),
+    Panel("revisits", "table", "no revisit due, planned or done: no target's revisit policy "
+          "planned one, or none came in this window", highlight=("due_now", "late_max_s")),
     Panel("quarantine_list", "table",
           "no quarantine in this window: no identity or target was retired", wide=True),
     Panel("quarantines", "table", "no quarantine in this window"),

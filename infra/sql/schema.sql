@@ -144,7 +144,9 @@ SETTINGS non_replicated_deduplication_window = 10000;
 -- number), so a redelivered batch collapses. outcome: new (a first visit), changed,
 -- unchanged (a 200 with the last visit's text signature) or not_modified (a 304 to the
 -- revisit's conditional GET; ``pages`` keeps the version before it). ``pages`` holds each
--- page's latest version; this table its history.
+-- page's latest version; this table its history. next_due_at: when the page's next visit is
+-- due, as the parse stage planned it (its clock at parse + the interval); 1970-01-01: none
+-- (policy once, a failed visit, a row stored before the column).
 CREATE TABLE IF NOT EXISTS page_visits (
     dedupe_key     String,
     visit          UInt32,
@@ -158,10 +160,13 @@ CREATE TABLE IF NOT EXISTS page_visits (
     signature      String,
     etag           String,
     last_modified  String,
-    stored_at      DateTime64(3, 'UTC') DEFAULT now64(3)
+    stored_at      DateTime64(3, 'UTC') DEFAULT now64(3),
+    next_due_at    DateTime64(3, 'UTC') DEFAULT 0
 ) ENGINE = ReplacingMergeTree(visited_at)
 ORDER BY (dedupe_key, visit)
 SETTINGS non_replicated_deduplication_window = 10000;
+-- A store made before the column gains it (its older rows read 1970-01-01: no next visit).
+ALTER TABLE page_visits ADD COLUMN IF NOT EXISTS next_due_at DateTime64(3, 'UTC') DEFAULT 0;
 
 -- Replaced on every start: a view's * is expanded when it is made, so a view made before a
 -- column was added would not show it.

@@ -17,6 +17,8 @@ import pytest
 
 from core.config import Settings
 from core.urls import canonicalize
+from infra.store_query import run_query
+from infra.views import expand, load_views
 from sites.changing_site import ChangingSite
 from streams.status import holds_work
 from tests.integration.fleet_helpers import (
@@ -72,6 +74,8 @@ def test_pages_are_revisited_on_their_interval_once_per_visit_across_a_kill(
         wait_until(_at_least(s, urls, 3), 120, "three visits of every page")
         requests = {p: site.count(p) for p in MODES}
         visits = _visits(s)
+        cols, rows = run_query(s, expand(load_views()["revisits"].sql, 3600))
+        (view,) = [dict(zip(cols, r, strict=True)) for r in rows]
     for url in urls:
         numbers = [v for v, _ in visits[url]]
         # visits 0, 1, 2 ... each stored once, none skipped
@@ -87,6 +91,14 @@ def test_pages_are_revisited_on_their_interval_once_per_visit_across_a_kill(
             assert set(outcomes[1:]) == {expected}, (path, outcomes)
     n0 = [o for _, o in visits[urls[list(MODES).index("/n0")]]]
     assert n0[1] == "changed" and set(n0[2:]) <= {"unchanged"}, n0
+    # The revisits view, read as the crawl goes on: every page's latest visit plans the next
+    # (due now or not yet); at least two revisits of each done, by the outcomes above, none
+    # before it was due (one host's clock: parse plans, the broker's timer fires later).
+    assert view["due_now"] + view["planned"] == len(urls), view
+    assert view["done"] == view["changed"] + view["unchanged"] + view["not_modified"], view
+    assert view["done"] >= 2 * len(urls) and view["not_modified"] >= 2 * 3, view
+    assert view["unchanged"] >= 2 * 2 + 1 and view["changed"] >= 1, view
+    assert 0 <= view["late_p50_s"] <= view["late_max_s"], view
 
 
 def test_a_revisit_is_a_job_like_any_other_robots_txt_included(

@@ -102,6 +102,7 @@ def parsed_page() -> dict[str, Any]:
         **EXCHANGE, "body_z": b"x\x9c\x03\x00\x00\x00\x00\x01",
         "payload_digest": "sha1:3I42H3S6NNFQ2MSVX7XZKYAYSCX5QBYJ",
         "last_capture": {"id": "<urn:uuid:0>", "uri": "https://example.com/"},
+        "next_visit_ms": 21_600_000,
     }
 
 
@@ -324,12 +325,13 @@ def test_a_v4_fetch_result_and_a_v6_page_read_with_no_exchange(codec: Codec) -> 
         **_with_ts(old, "fetched_at_ms"), **exchange}
     v6 = next(v for v in codec.versions("ParsedPage") if v.version == 6)
     page = {k: v for k, v in parsed_page().items()
-            if k not in (*EXCHANGE, "body_z", "payload_digest", "last_capture")}
+            if k not in (*EXCHANGE, "body_z", "payload_digest", "last_capture",
+                         "next_visit_ms")}
     payload, headers = codec.encode("ParsedPage", page, version=v6)
     decoded = codec.decode("ParsedPage", payload, headers)
     assert not decoded.pop("body_z")  # fastavro reads a bytes default as "": falsy either way
     assert decoded == {**_with_ts(page, "fetched_at_ms", "parsed_at_ms"), **exchange,
-                       "payload_digest": "", "last_capture": {}}
+                       "payload_digest": "", "last_capture": {}, "next_visit_ms": 0}
 
 
 # --- decode failures ----------------------------------------------------------------------
@@ -391,6 +393,18 @@ def test_decode_error_is_fatal_with_reason() -> None:
     err = DecodeError("x")
     assert not err.retryable
     assert err.reason == "undecodable"
+
+
+def test_a_v7_page_reads_with_no_next_visit(codec: Codec) -> None:
+    """A page parsed before ParsedPage v8 reads as planning no next visit (0): its
+    page_visits row has none due, never a made-up one."""
+    v7 = next(v for v in codec.versions("ParsedPage") if v.version == 7)
+    page = {k: v for k, v in parsed_page().items() if k != "next_visit_ms"}
+    payload, headers = codec.encode("ParsedPage", page, version=v7)
+    decoded = codec.decode("ParsedPage", payload, headers)
+    assert decoded["next_visit_ms"] == 0
+    assert {k: v for k, v in decoded.items() if k != "next_visit_ms"} == \
+        _with_ts(page, "fetched_at_ms", "parsed_at_ms")
 
 
 def test_an_older_page_read_as_the_newest_has_no_body() -> None:

@@ -3,7 +3,7 @@ parse and store make of a revisit. Pure: no broker, no store."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -13,8 +13,9 @@ from consumers.fetch.http import Response
 from consumers.fetch.outcomes import OutcomeRules
 from consumers.parse import ParseStage, RecentSet
 from consumers.signature import text_signature
-from consumers.store import keeps_version, visit_outcome, visit_row
+from consumers.store import NO_NEXT_VISIT, keeps_version, next_due_at, visit_outcome, visit_row
 from core.config import load_settings
+from core.errors import DecodeError
 from core.revisits import RevisitPolicies
 from infra.topics import topology_of
 from schemas.keys import LASTMOD, REVISIT_INTERVAL, job_dedupe_key
@@ -244,3 +245,26 @@ def test_an_adaptive_revisit_grows_while_unchanged_and_shrinks_on_a_change() -> 
 def test_once_plans_nothing_and_a_failed_visit_plans_nothing() -> None:
     assert _parse_all(_job(), 200, HTML, None, "once")[2] == []
     assert _parse_all(_job(), 404, b"gone", None, "every 1h")[2] == []
+
+
+def test_the_stored_visit_says_when_the_next_one_is_due() -> None:
+    """The page record carries the interval its revisit job waits (ParsedPage v8), from
+    which page_visits' next_due_at is the parse time plus it; no next visit: none due."""
+    page, _, (nxt,) = _parse_all(_job(), 200, HTML, None, "every 6h")
+    assert page["next_visit_ms"] == nxt["delay_ms"] == 6 * 3600 * 1000
+    parsed = page["parsed_at_ms"]
+    assert isinstance(parsed, datetime)
+    assert next_due_at(page) == parsed + timedelta(hours=6)
+    assert visit_row(page)[-1] == next_due_at(page)
+    _, _, (n1,) = _parse_all(_job(), 200, HTML, None, "adaptive 1h..1d")
+    unchanged, _, (n2,) = _parse_all(n1, 304, b"", {"etag": ETAG}, "adaptive 1h..1d")
+    assert unchanged["next_visit_ms"] == n2["delay_ms"] == 5400_000
+    for failed in (_parse_all(_job(), 404, b"gone", None, "every 1h")[0],
+                   _parse_all(_job(), 200, HTML, None, "once")[0]):
+        assert failed["next_visit_ms"] == 0 and next_due_at(failed) == NO_NEXT_VISIT
+
+
+def test_a_due_time_past_what_the_store_holds_is_refused_alone() -> None:
+    page = {"parsed_at_ms": 1_780_000_000_000, "next_visit_ms": 1 << 62}
+    with pytest.raises(DecodeError, match="outside what the store holds"):
+        next_due_at(page)  # type: ignore[arg-type]
