@@ -15,6 +15,7 @@ from consumers.signature import text_signature
 from consumers.store import keeps_version, visit_outcome, visit_row
 from core.config import load_settings
 from core.revisits import RevisitPolicies
+from infra.clickhouse import VISIT_COLUMNS
 from infra.topics import topology_of
 from schemas.keys import job_dedupe_key
 from schemas.records import CrawlJob, FetchResult, ParsedPage
@@ -192,12 +193,13 @@ def test_every_visit_is_a_row_and_a_304_keeps_the_last_version(
     page = {"dedupe_key": f"default|{URL}", "url": URL, "target": "a.test",
             "profile": "default", "status": status, "fetched_at_ms": 1_780_000_000_000,
             "visit": visit, "changed": changed, "signature": "s",
-            "validators": {"etag": ETAG}}
+            "validators": {"etag": ETAG}, "parse_worker": "parse-0"}
     assert visit_outcome(page) == outcome  # type: ignore[arg-type]
     assert keeps_version(page) is kept  # type: ignore[arg-type]
-    row = visit_row(page)  # type: ignore[arg-type]
-    assert (row[1], row[6], row[7], row[8], row[10]) == (visit, status, outcome, int(changed),
-                                                         ETAG)
+    row = dict(zip(VISIT_COLUMNS, visit_row(page, "c1."), strict=True))  # type: ignore[arg-type]
+    assert (row["visit"], row["status"], row["outcome"], row["changed"], row["etag"],
+            row["crawl"], row["parse_worker"]) == (visit, status, outcome, int(changed), ETAG,
+                                                   "c1.", "parse-0")
 
 
 # --- the next visit parse plans ------------------------------------------------------------
