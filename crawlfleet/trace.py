@@ -186,8 +186,9 @@ def redirect_targets(settings: Settings, url: str, profile: str) -> list[str]:
 
 
 def trace(settings: Settings, url: str, profile: str | None = None,
-          max_hops: int = 10) -> list[Event]:
-    """The events of ``url`` and of every redirect hop from it, in time order."""
+          max_hops: int = 10, crawl: str | None = None) -> list[Event]:
+    """The events of ``url`` and of every redirect hop from it, in time order: of every
+    crawl the store holds, or only of ``crawl`` (a topic prefix, "" the shared one's)."""
     profile = profile or settings.default_profile
     todo, hops = [canonicalize(url)], dict[str, int]()  # URL → its hop number
     events: list[Event] = []
@@ -198,6 +199,8 @@ def trace(settings: Settings, url: str, profile: str | None = None,
         hops[u] = len(hops)
         events += events_of(settings, u, profile)
         todo += redirect_targets(settings, u, profile)
+    if crawl is not None:
+        events = [e for e in events if e.crawl == crawl]
     # In one millisecond, a redirect's answer comes before its target's enqueueing.
     events.sort(key=lambda e: (e.ts, hops[e.url], _RANK.get(e.event, 9)))
     return events

@@ -68,3 +68,8 @@ def test_trace_shows_each_crawls_visit_of_a_page_crawled_twice(
     assert [e["crawl"] for e in events if e["event"] == "enqueued"] == [first, second]
     parsed = [e["detail"] for e in events if e["event"] == "parsed"]
     assert "'second'" in parsed[1] and "'first'" not in " ".join(parsed), parsed
+    # --crawl NAME: that crawl's steps alone
+    only = _cli(settings, "trace", index, "--format", "tsv", "--crawl", first.rstrip("."))
+    assert only.returncode == 0, only.stderr
+    assert [ln.split("\t") for ln in only.stdout.splitlines()[1:]] == \
+        [r for r in rows if r[head.index("crawl")] == first]

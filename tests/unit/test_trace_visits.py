@@ -95,6 +95,8 @@ def test_two_crawls_and_a_revisit_each_show_their_own_steps(settings: Settings) 
     want = [(c, v, step) for c, v in (("c1.", 0), ("c1.", 1), ("c2.", 0), ("", 0))
             for step in ("fetched", "parsed", "stored")]
     assert steps == want
+    assert [(e.crawl, e.visit, e.event) for e in trace(settings, URL, crawl="c2.")] == \
+        [("c2.", 0, step) for step in ("fetched", "parsed", "stored")]
     rows = [e.row() for e in trace(settings, URL)]
     assert [r[-2:] for r in rows[-3:]] == [(SHARED, "0")] * 3
     # the links and title are shown on the visit whose version `pages` holds, the latest
