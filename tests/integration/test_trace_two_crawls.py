@@ -1,7 +1,8 @@
 """Two one-off crawls of one site on one data dir share its store: `crawlfleet trace` of a page
 shows both crawls' visits, each its own fetched, parsed and stored steps, named by crawl
 (issue 44, must-have 4). Before, the second crawl's visit replaced the first's (both were
-visit 0 of one page) and trace showed one parse and one store."""
+visit 0 of one page) and trace showed one parse and one store. Each crawl, once finished,
+leaves no topic or consumer group behind (before, its groups stayed)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from core.config import Settings
 from sites.scripted_site import ScriptedSite, page
@@ -34,7 +36,14 @@ def _cli(s: Settings, *args: str) -> subprocess.CompletedProcess[str]:
 def _crawl(s: Settings, seeds: Path, summary: Path) -> str:
     out = _cli(s, "crawl", str(seeds), "--allow-private", "--summary-json", str(summary))
     assert out.returncode == 0, out.stdout + out.stderr
-    return str(json.loads(summary.read_text())["topic_prefix"])
+    prefix = str(json.loads(summary.read_text())["topic_prefix"])
+    # A finished crawl leaves nothing on the broker: no topic, and no consumer group (its
+    # static members, which never leave on close, removed first).
+    admin = AdminClient(s.kafka_common())
+    groups = [g.group_id for g in admin.list_consumer_groups(request_timeout=10).result().valid]
+    assert not [g for g in groups if g.startswith(prefix)], groups
+    assert not [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
+    return prefix
 
 
 def test_trace_shows_each_crawls_visit_of_a_page_crawled_twice(
