@@ -137,12 +137,15 @@ def visit_outcome(p: ParsedPage) -> str:
     return "changed" if p.get("changed", True) else "unchanged"
 
 
-def visit_row(p: ParsedPage) -> tuple[Any, ...]:
+def visit_row(p: ParsedPage, crawl: str) -> tuple[Any, ...]:
+    """The visit's row; ``crawl`` (the topic prefix) keeps apart the visits of two crawls of
+    one store, each numbered from 0."""
     v = p.get("validators") or {}
     return (p["dedupe_key"], p.get("visit", 0), p["url"], p["target"], p["profile"],
             _fetched_at(p["fetched_at_ms"]), p["status"], visit_outcome(p),
             int(p.get("changed", True)), p.get("signature", ""), v.get(ETAG, ""),
-            v.get(LAST_MODIFIED, ""), next_due_at(p))
+            v.get(LAST_MODIFIED, ""), next_due_at(p), crawl,
+            _fetched_at(p.get("parsed_at_ms", 0)), p["parse_worker"])
 
 
 #: page_visits' ``next_due_at`` of a visit with no next one (and of rows stored before it).
@@ -480,7 +483,7 @@ class StoreStage(SinkStage):
             if attempt is not None:
                 rows["fetch_events"].append(fits("fetch_events", attempt))
             rows["lineage"] += [fits("lineage", r) for r in enqueued_rows(event_id, page)]
-            rows["page_visits"].append(fits("page_visits", visit_row(page)))
+            rows["page_visits"].append(fits("page_visits", visit_row(page, self.topology.prefix)))
             if self.warc is not None:
                 self._archive.append((topic, tp_of(msg)[1], offset_of(msg), page))
             if keeps_version(page):

@@ -481,13 +481,17 @@ def trace_cmd(url: Annotated[str, typer.Argument(metavar="URL", help="The URL to
               profile: Annotated[str | None, typer.Option(help=setting_help(
                   "Crawl profile.", "default_profile"))] = None,
               format: Annotated[str, typer.Option(help="table | tsv")] = "table",
+              crawl: Annotated[str | None, typer.Option("--crawl", "--topic-prefix", help=(
+                  "Only this crawl's steps (its name, '' the shared fleet's). [default: every "
+                  "crawl of the store, each step named by crawl and visit]"))] = None,
               config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
               data_dir: DataDirOpt = None) -> None:
-    """Where a URL went, when, on which worker and version (redirect hops followed)."""
+    """Where a URL went, when, on which worker and version: each visit, by each crawl."""
     from crawlfleet import trace
+    from crawlfleet.crawls import normal_prefix
     try:
         events = trace.trace(_settings(config, clickhouse=clickhouse, data_dir=data_dir), url,
-                             profile)
+                             profile, crawl=None if crawl is None else normal_prefix(crawl))
     except CrawlfleetError as exc:
         _fail(exc)
         return

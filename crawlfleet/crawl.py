@@ -24,7 +24,7 @@ from rich.table import Table
 from core.config import Settings
 from core.errors import InfraError
 from crawlfleet import health
-from crawlfleet.crawls import CRAWL_LOCK, note_end, store_place
+from crawlfleet.crawls import CRAWL_LOCK, note_end, remove_groups, store_place
 
 # Fleet, Plan and settings_env lived here first: re-exported for their many users.
 from crawlfleet.fleet import PARTITIONS_PER_WORKER as PARTITIONS_PER_WORKER
@@ -158,6 +158,7 @@ def run_crawl(settings: Settings, seeds: Iterable[str], plan: Plan, *,
         if ephemeral and not keep_topics and not summary.interrupted:
             try:
                 summary.topics_deleted = len(delete_topics(settings, topics=created))
+                remove_groups(settings)  # static members stay past their close: removed here
             except InfraError as exc:
                 console.print(f"[yellow]topics of {settings.topic_prefix} not deleted: {exc}")
             if not summary.drained:

@@ -252,19 +252,40 @@ def remove_crawl(settings: Settings, prefix: str, timeout_s: float = 30.0) -> tu
                 fut.result()
                 deleted_topics += 1
     if groups:
-        _remove_static_members(settings, admin, groups)
-        left = list(groups)
-        deadline = time.monotonic() + timeout_s
-        while left and time.monotonic() < deadline:
-            for group, fut in admin.delete_consumer_groups(
-                    left, request_timeout=timeout_s).items():
-                with contextlib.suppress(KafkaException):
-                    fut.result()
-                    deleted_groups += 1
-                    left.remove(group)
-            if left:
-                time.sleep(0.2)  # a group rebalancing after its members were removed
+        deleted_groups = _delete_groups(settings, admin, groups, timeout_s)
     return deleted_topics, deleted_groups
+
+
+def remove_groups(settings: Settings, timeout_s: float = 10.0) -> int:
+    """Delete the consumer groups of a one-off crawl that ended (``settings.topic_prefix``,
+    never the shared namespace's), so a finished crawl leaves nothing on the broker; the
+    groups deleted. Best effort: a broker that does not answer leaves them to `crawls rm`."""
+    if not settings.topic_prefix:
+        return 0
+    admin = AdminClient(settings.kafka_common())
+    try:
+        groups = sorted(g.group_id for g in
+                        admin.list_consumer_groups(request_timeout=10).result().valid
+                        if g.group_id.startswith(settings.topic_prefix))
+    except KafkaException:
+        return 0
+    return _delete_groups(settings, admin, groups, timeout_s) if groups else 0
+
+
+def _delete_groups(settings: Settings, admin: AdminClient, groups: list[str],
+                   timeout_s: float) -> int:
+    _remove_static_members(settings, admin, groups)
+    deleted, left = 0, list(groups)
+    deadline = time.monotonic() + timeout_s
+    while left and time.monotonic() < deadline:
+        for group, fut in admin.delete_consumer_groups(left, request_timeout=timeout_s).items():
+            with contextlib.suppress(KafkaException):
+                fut.result()
+                deleted += 1
+                left.remove(group)
+        if left:
+            time.sleep(0.2)  # a group rebalancing after its members were removed
+    return deleted
 
 
 def _remove_static_members(settings: Settings, admin: AdminClient, groups: list[str]) -> None:

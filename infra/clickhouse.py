@@ -86,7 +86,8 @@ EVENT_COLUMNS = ("event_id", "ts", "url", "target", "profile", "attempt", "statu
 DEAD_COLUMNS = ("event_id", "failed_at", "url", "target", "profile", "source_topic", "reason",
                 "error", "attempts", "worker", "version", "raw", "job")
 VISIT_COLUMNS = ("dedupe_key", "visit", "url", "target", "profile", "visited_at", "status",
-                 "outcome", "changed", "signature", "etag", "last_modified", "next_due_at")
+                 "outcome", "changed", "signature", "etag", "last_modified", "next_due_at",
+                 "crawl", "parsed_at", "parse_worker")
 LINEAGE_COLUMNS = ("event_id", "ts", "dedupe_key", "url", "target", "profile", "state",
                    "attempt", "parent_url", "detail", "stage", "worker", "version")
 

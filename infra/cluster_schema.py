@@ -46,6 +46,8 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CREATE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*)\)\s*ENGINE\s*=\s*(\w+)"
                      r"(?:\(([^)]*)\))?\s*(.*)", re.S)
 _ALTER = re.compile(r"ALTER TABLE (\w+) (.*)", re.S)
+#: A sorting key extended by the ALTER that adds its column (only the replicated table has one).
+_MODIFY_ORDER = re.compile(r",?\s*MODIFY ORDER BY\s+(\(.*?\)|\S+)", re.S)
 _VIEW = re.compile(r"CREATE (OR REPLACE VIEW|VIEW IF NOT EXISTS) (\w+) AS\s+(.*)", re.S)
 
 
@@ -120,8 +122,9 @@ def cluster_statements(cluster: str, database: str = "default", *,
             t = Table(m[1], m[2].strip(), m[3], (m[4] or "").strip(), m[5].strip())
             out += _table(t, cluster, db, on, win)
         elif (m := _ALTER.fullmatch(stmt)) is not None:
-            out += [f"ALTER TABLE {db}.{m[1]}_local {on} {m[2]}",
-                    f"ALTER TABLE {db}.{m[1]} {on} {m[2]}"]
+            out.append(f"ALTER TABLE {db}.{m[1]}_local {on} {m[2]}")
+            if (rest := _MODIFY_ORDER.sub("", m[2]).strip()):  # a Distributed table has no key
+                out.append(f"ALTER TABLE {db}.{m[1]} {on} {rest}")
         elif (m := _VIEW.fullmatch(stmt)) is not None:
             verb = "CREATE OR REPLACE VIEW" if m[1].startswith("OR") else \
                 "CREATE VIEW IF NOT EXISTS"

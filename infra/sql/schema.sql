@@ -141,7 +141,7 @@ ORDER BY (target, scope, name, at)
 SETTINGS non_replicated_deduplication_window = 10000;
 
 -- Every visit of a page (issue 45): its first and each revisit, one row per (page, visit
--- number), so a redelivered batch collapses. outcome: new (a first visit), changed,
+-- number, crawl), so a redelivered batch collapses. outcome: new (a first visit), changed,
 -- unchanged (a 200 with the last visit's text signature) or not_modified (a 304 to the
 -- revisit's conditional GET; ``pages`` keeps the version before it). ``pages`` holds each
 -- page's latest version; this table its history. next_due_at: when the page's next visit is
@@ -161,12 +161,24 @@ CREATE TABLE IF NOT EXISTS page_visits (
     etag           String,
     last_modified  String,
     stored_at      DateTime64(3, 'UTC') DEFAULT now64(3),
-    next_due_at    DateTime64(3, 'UTC') DEFAULT 0
+    next_due_at    DateTime64(3, 'UTC') DEFAULT 0,
+    crawl          LowCardinality(String),
+    parsed_at      DateTime64(3, 'UTC') DEFAULT 0,
+    parse_worker   LowCardinality(String) DEFAULT ''
 ) ENGINE = ReplacingMergeTree(visited_at)
-ORDER BY (dedupe_key, visit)
+ORDER BY (dedupe_key, visit, crawl)
 SETTINGS non_replicated_deduplication_window = 10000;
 -- A store made before the column gains it (its older rows read 1970-01-01: no next visit).
 ALTER TABLE page_visits ADD COLUMN IF NOT EXISTS next_due_at DateTime64(3, 'UTC') DEFAULT 0;
+
+-- crawl: the topic prefix of the crawl that made the visit ('' the shared fleet's), so two
+-- crawls of one store each keep their visits (each numbers them from 0); a replay of one
+-- crawl still collapses. A store made before it gains it in place: a column added by the
+-- same ALTER may extend the sorting key (no default expression allowed, hence none); its
+-- older rows read ''. parsed_at, parse_worker: the visit's parse (`crawlfleet trace`).
+ALTER TABLE page_visits ADD COLUMN IF NOT EXISTS crawl LowCardinality(String), MODIFY ORDER BY (dedupe_key, visit, crawl);
+ALTER TABLE page_visits ADD COLUMN IF NOT EXISTS parsed_at DateTime64(3, 'UTC') DEFAULT 0;
+ALTER TABLE page_visits ADD COLUMN IF NOT EXISTS parse_worker LowCardinality(String) DEFAULT '';
 
 -- Replaced on every start: a view's * is expanded when it is made, so a view made before a
 -- column was added would not show it.

@@ -111,3 +111,19 @@ def test_make_help_lists_every_target() -> None:
                          check=True).stdout
     for target in ("demo", "test", "lint", "bench", "soak", "clean-cache"):
         assert f"make {target} " in out, out
+
+
+def test_every_variable_a_help_text_names_besides_settings_is_in_readme() -> None:
+    """Issue 44: `kafka --dir` named $CRAWLFLEET_HOME, which README never mentioned. (A
+    setting's variable is README's ``CRAWLFLEET_<SETTING>``.)"""
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    named: set[str] = set()
+    for path, cmd in COMMANDS:
+        ctx = typer.Context(cmd, info_name=path[-1])
+        for param in cmd.params:
+            record = param.get_help_record(ctx)
+            named |= set(re.findall(r"CRAWLFLEET_[A-Z_]+", record[1] if record else ""))
+    assert "CRAWLFLEET_HOME" in named
+    settings = {f"CRAWLFLEET_{k.upper()}" for k in SETTING_DEFAULTS}
+    assert sorted(v for v in named - settings if v not in readme) == []

@@ -90,6 +90,25 @@ def test_each_replicated_table_matches_its_embedded_table(store: Store) -> None:
     assert made == len(tables()) >= 5
 
 
+def test_a_clusters_page_visits_made_before_crawls_were_kept_gains_the_key(
+        store: Store) -> None:
+    """Applying the schema again extends the replicated table's sorting key with ``crawl``
+    in place (issue 44); the Distributed table, which has none, only gains the column."""
+    store.command(f"CREATE DATABASE IF NOT EXISTS {DB}")
+    store.command(f"CREATE TABLE {DB}.page_visits_local (dedupe_key String, visit UInt32, "
+                  "visited_at DateTime64(3, 'UTC')) ENGINE = ReplacingMergeTree(visited_at) "
+                  "ORDER BY (dedupe_key, visit)")
+    stmts = cluster_statements(CLUSTER, DB)
+    alters = [s for s in stmts if "MODIFY ORDER BY" in s]
+    assert alters and all(f"{DB}.page_visits_local " in s for s in alters), alters
+    for stmt in stmts:
+        store.command(_plain(stmt))
+    assert store.scalar("SELECT sorting_key FROM system.tables WHERE database = "
+                        f"'{DB}' AND name = 'page_visits_local'") == "dedupe_key, visit, crawl"
+    assert "crawl" in {str(r[0]) for r in store.query(
+        f"SELECT name FROM system.columns WHERE database = '{DB}' AND table = 'page_visits'")[1]}
+
+
 def test_every_name_is_in_the_dsns_database_and_it_is_made_first(store: Store) -> None:
     """The DDL worker runs each statement against each host's default database: nothing
     may be left for it to resolve there. Shown in chDB, whose current database (default)

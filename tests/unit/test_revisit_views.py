@@ -47,7 +47,7 @@ def _visit(page: str, visit: int, target: str, visited: datetime, outcome: str,
     status = 304 if outcome == "not_modified" else 200
     return (f"default|http://{target}/{page}", visit, f"http://{target}/{page}", target,
             "default", visited, status, outcome, int(outcome in ("new", "changed")), "sig",
-            "", "", due)
+            "", "", due, "", visited, "parse-0")
 
 
 def _dead(url: str, target: str, at: datetime) -> tuple[Any, ...]:
@@ -138,8 +138,9 @@ def test_a_store_made_before_next_due_at_gains_it(tmp_path: Path,
     old = Store(s, owner=True)
     old.command(_OLD_VISITS)
     at = datetime.now(UTC) - timedelta(seconds=30)
-    old.insert("page_visits", VISIT_COLUMNS[:-1], [_visit("a", 0, "t", at, "new", NONE)[:-1]],
-               "old")
+    before = VISIT_COLUMNS.index("next_due_at")  # the columns an older store had
+    old.insert("page_visits", VISIT_COLUMNS[:before],
+               [_visit("a", 0, "t", at, "new", NONE)[:before]], "old")
     old.close()
     ownership.release()
     for st in _opened(s):  # the next store worker's start brings the schema up to date

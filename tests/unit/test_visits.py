@@ -17,6 +17,7 @@ from consumers.store import NO_NEXT_VISIT, keeps_version, next_due_at, visit_out
 from core.config import load_settings
 from core.errors import DecodeError
 from core.revisits import RevisitPolicies
+from infra.clickhouse import VISIT_COLUMNS
 from infra.topics import topology_of
 from schemas.keys import LASTMOD, REVISIT_INTERVAL, job_dedupe_key
 from schemas.records import CrawlJob, FetchResult, ParsedPage
@@ -212,12 +213,13 @@ def test_every_visit_is_a_row_and_a_304_keeps_the_last_version(
     page = {"dedupe_key": f"default|{URL}", "url": URL, "target": "a.test",
             "profile": "default", "status": status, "fetched_at_ms": 1_780_000_000_000,
             "visit": visit, "changed": changed, "signature": "s",
-            "validators": {"etag": ETAG}}
+            "validators": {"etag": ETAG}, "parse_worker": "parse-0"}
     assert visit_outcome(page) == outcome  # type: ignore[arg-type]
     assert keeps_version(page) is kept  # type: ignore[arg-type]
-    row = visit_row(page)  # type: ignore[arg-type]
-    assert (row[1], row[6], row[7], row[8], row[10]) == (visit, status, outcome, int(changed),
-                                                         ETAG)
+    row = dict(zip(VISIT_COLUMNS, visit_row(page, "c1."), strict=True))  # type: ignore[arg-type]
+    assert (row["visit"], row["status"], row["outcome"], row["changed"], row["etag"],
+            row["crawl"], row["parse_worker"]) == (visit, status, outcome, int(changed), ETAG,
+                                                   "c1.", "parse-0")
 
 
 # --- the next visit parse plans ------------------------------------------------------------
@@ -255,7 +257,7 @@ def test_the_stored_visit_says_when_the_next_one_is_due() -> None:
     parsed = page["parsed_at_ms"]
     assert isinstance(parsed, datetime)
     assert next_due_at(page) == parsed + timedelta(hours=6)
-    assert visit_row(page)[-1] == next_due_at(page)
+    assert visit_row(page, "")[VISIT_COLUMNS.index("next_due_at")] == next_due_at(page)
     _, _, (n1,) = _parse_all(_job(), 200, HTML, None, "adaptive 1h..1d")
     unchanged, _, (n2,) = _parse_all(n1, 304, b"", {"etag": ETAG}, "adaptive 1h..1d")
     assert unchanged["next_visit_ms"] == n2["delay_ms"] == 5400_000
