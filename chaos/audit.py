@@ -62,6 +62,21 @@ def peak_host_rate(site: DemoSite, window_s: float = 1.0) -> tuple[str, int]:
     return worst
 
 
+def peak_window(site: DemoSite, host: str, window_s: float = 1.0) -> list[tuple[float, str]]:
+    """(monotonic time, path) of every request of ``host``'s first busiest ``window_s``
+    window: the evidence of a peak (which URLs, so which partition, and when)."""
+    _, log = site.snapshot()
+    times = sorted((t, raw) for t, h, raw in log if h == host)
+    best: tuple[int, int] = (0, 0)
+    lo = 0
+    for hi in range(len(times)):
+        while times[hi][0] - times[lo][0] >= window_s:
+            lo += 1
+        if hi - lo + 1 > best[1] - best[0]:
+            best = (lo, hi + 1)
+    return times[best[0]:best[1]]
+
+
 def requests_between(timed: list[tuple[float, str]], start: float, end: float) -> int:
     """Requests in ``(start, end]`` (monotonic) of a time-ordered log."""
     times = [t for t, _ in timed]

@@ -133,6 +133,8 @@ class ChaosReport:
     #: the busiest host's most requests in any 1-s window (the site's own log), and the host
     peak_host_requests: int = 0
     peak_host: str = ""
+    #: that host's requests in its busiest 1-s window: (seconds since the round's start, path)
+    peak_window: list[tuple[float, str]] = field(default_factory=list)
     #: topics of stages declared with ``register_stage``: (committed records, repeated keys)
     declared_outputs: dict[str, tuple[int, int]] = field(default_factory=dict)
 

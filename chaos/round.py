@@ -35,6 +35,7 @@ from rich.console import Console
 from chaos.audit import (
     kill_phase,
     peak_host_rate,
+    peak_window,
     requests_between,
     timed_page_requests,
     wait_for_store,
@@ -388,6 +389,7 @@ class ChaosRound:
         timed = timed_page_requests(self.site, self.site_spec.port)
         peak = peak_host_rate(self.site)
         offset = self._mono_offset
+        busiest = [(round(t - self.t0, 3), raw) for t, raw in peak_window(self.site, peak[0])]
 
         def between(from_wall: float, to_wall: float) -> int:
             return requests_between(timed, from_wall - offset, to_wall - offset)
@@ -410,7 +412,8 @@ class ChaosRound:
             seconds=round(time.monotonic() - self.began, 1), crawl_seconds=round(crawl_s, 1),
             drain_seconds=round(drain_s, 1), drained=drained, notes=self.notes,
             kill_phase=phase, repeats_by_fault=repeats_by_fault(timed, self._fault_times()),
-            peak_host=peak[0], peak_host_requests=peak[1], declared_outputs=declared)
+            peak_host=peak[0], peak_host_requests=peak[1], declared_outputs=declared,
+            peak_window=busiest)
 
     def _fault_times(self) -> list[tuple[float, str]]:
         """Every fault sent, (monotonic time, label), to put repeated requests down to."""

@@ -88,7 +88,7 @@ class SoakResult:
 # --- commits and the results file -----------------------------------------------------------
 
 
-def git_commit(repo: Path = REPO) -> str:
+def git_commit(repo: Path = REPO, results_name: str = RESULTS_NAME) -> str:
     """HEAD's sha, ``+dirty`` when the tree has changes besides the results file."""
     def git(*args: str) -> str:
         out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
@@ -99,7 +99,7 @@ def git_commit(repo: Path = REPO) -> str:
     if not sha:
         return "unknown"
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".",
-                f":(exclude){RESULTS_NAME}")
+                f":(exclude){results_name}")
     return f"{sha}+dirty" if dirty else sha
 
 

@@ -55,6 +55,8 @@ class Dispatcher:
         self.running = 0
         self.paused = False
         self.tasks: set[asyncio.Task[None]] = set()
+        #: The job of each request task, so a revoke can abort those of moved partitions.
+        self.jobs: dict[asyncio.Task[None], Pending] = {}
         #: Whether this worker stops (set by the stage: its stop flag).
         self.stopping: Callable[[], bool] = lambda: False
         #: Seconds the commit under way has taken (set by the stage: its session's).
@@ -87,7 +89,8 @@ class Dispatcher:
                     started += 1
                     task = asyncio.create_task(self.fetch(pj))
                     self.tasks.add(task)
-                    task.add_done_callback(self.tasks.discard)
+                    self.jobs[task] = pj
+                    task.add_done_callback(self._task_done)
                 targets.started(now, started)
             due = targets.next_due()
             if free <= 0 and self.held_for_commit:
@@ -100,6 +103,24 @@ class Dispatcher:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self.wake.wait()
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self.jobs.pop(task, None)
+
+    async def abort_moved(self) -> int:
+        """Cancel every request task of a partition that moved (its epoch is no longer
+        current) and wait until each has ended; returns how many. Once a revoke returns,
+        the new owner may send to those targets an interval after its restore: a task of
+        ours still waiting for its send slot (or for robots.txt) would otherwise send too,
+        two workers on one target at once. Its result would be dropped anyway (the next
+        owner redoes the job), so aborting loses nothing."""
+        moved = [t for t, pj in self.jobs.items() if not self.ledger.current(pj.tp, pj.epoch)]
+        for task in moved:
+            task.cancel()
+        if moved:
+            await asyncio.gather(*moved, return_exceptions=True)
+        return len(moved)
 
     def start_allowance(self) -> int:
         """Requests that may start now. None while the fleet is paused or this worker stops
@@ -118,6 +139,11 @@ class Dispatcher:
             self.status.add("held_for_commit")
         self.held_for_commit = held
         return 0 if held else min(self.s.max_inflight - self.running, room)
+
+    def _moved(self, pj: Pending) -> bool:
+        """Whether ``pj``'s partition moved while it waited for its send slot: it must not
+        send (its target is the new owner's now; :meth:`abort_moved` cancels it too)."""
+        return not self.ledger.current(pj.tp, pj.epoch)
 
     def _disallowed_now(self, target: str, pj: Pending, now: float) -> bool:
         """Known robots-disallowed: dead-letter it without spending the target's slot."""
@@ -171,6 +197,8 @@ class Dispatcher:
             identity = targets.identity(pj)
             if not targets.robots_fresh(job["url"]):
                 await targets.spaced(target)  # robots.txt may be asked now: the slot's request
+                if self._moved(pj):
+                    return
             rules = await targets.rules_for(job["url"], target, identity)
             if rules is None:  # this slot was spent on robots.txt: go again later
                 # The site has seen this identity now: after a block it stays eligible, so
@@ -197,6 +225,8 @@ class Dispatcher:
                 answered = 0
                 targets.sent_as(target, pj.profile)
                 await targets.spaced(target)
+                if self._moved(pj):
+                    return
                 # a revisit asks "changed since?" with what its last visit answered
                 resp = await self.fetcher.get(
                     job["url"], fetch_cap(job, self.s), identity=identity,

@@ -27,6 +27,7 @@ together in one transaction.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from collections.abc import Callable
@@ -61,6 +62,8 @@ TP = tuple[str, int]
 _STARVED_COMMIT_S = 0.1
 #: The status file is written at least this often, whatever the main loop waits on.
 REPORT_EVERY_S = 0.5
+#: The longest a revoke waits for the moved partitions' requests to be aborted.
+ABORT_WAIT_S = 5.0
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -185,8 +188,37 @@ class _Session:
         self.targets.handover(lambda t: partition_for(t, self.topo.partitions) in parts, now)
 
     def keep_only(self, owned: set[int]) -> None:
+        """Kafka thread, in a revoke (or loss): drop the moved partitions' state, and abort
+        their requests not yet sent before the callback returns (the partitions move then)."""
         self.stores.keep_only(owned)
         self.loop.call_soon_threadsafe(self.dispatch.keep_only, set(owned))
+        self._abort_moved()
+
+    def _abort_moved(self) -> None:
+        """Wait (on the Kafka thread, at most ``ABORT_WAIT_S``) until every request task of
+        a moved partition has ended: a revoke that returned with one still waiting for its
+        send slot let it send beside the new owner's first requests (one host, two workers,
+        over its cap)."""
+        if self.loop.is_closed():
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # not on a loop: the Kafka thread, as a revoke runs
+            pass
+        else:  # on the loop itself (a test): it cannot be waited for here
+            self.loop.create_task(self.dispatch.abort_moved())
+            return
+        fut = asyncio.run_coroutine_threadsafe(self.dispatch.abort_moved(), self.loop)
+        try:
+            aborted = fut.result(ABORT_WAIT_S)
+        except concurrent.futures.TimeoutError:
+            log.warning("fetch %s: requests of moved partitions did not end within %.0f s "
+                        "(each still checks its partition before it sends)", self.st.worker,
+                        ABORT_WAIT_S)
+            self.status.add("revoke_abort_timeouts")
+            return
+        if aborted:
+            self.status.add("revoke_aborted", aborted)
 
     def commit_outputs(self) -> list[Output]:
         return self.intake.backlog_reports(self.st.worker)
