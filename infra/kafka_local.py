@@ -308,12 +308,28 @@ def _signal(pid: int, sig: signal.Signals) -> None:
         os.kill(pid, sig)
 
 
+def _start_time(pid: int) -> str | None:
+    """The process's start time (/proc stat field 22), or None once it is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
 def _wait_gone(pids: dict[int, Path], timeout_s: float) -> dict[int, Path]:
-    """Poll until the processes exit; return those still alive at the deadline."""
+    """Poll until the processes exit; return those still alive at the deadline.
+
+    The callers identified each pid as a broker; from then on a pid counts until /proc says it
+    is gone or a zombie (same start time, so not a reused pid). Re-checking its command line
+    would not do: an exiting process's cmdline reads empty while it still holds its ports and
+    files, which let ``down`` return, and a restart find its port taken, before the JVM was gone.
+    """
     deadline = time.monotonic() + timeout_s
-    alive = dict(pids)
+    started = {pid: _start_time(pid) for pid in pids}
+    alive = {pid: props for pid, props in pids.items() if started[pid] is not None}
     while alive:
-        alive = {pid: props for pid, props in alive.items() if _is_our_broker(pid, props)}
+        alive = {pid: props for pid, props in alive.items() if _start_time(pid) == started[pid]}
         if not alive or time.monotonic() >= deadline:
             break
         time.sleep(0.1)
