@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from consumers.fetch.parking import ParkedQueues, park_key, share_of, target_of_key
 from schemas.topics import partition_for
-from streams.state_store import StateStore
+from tests.unit.conftest import PARKED_PARTS
 
-PARTS = 4
+PARTS = PARKED_PARTS
 
 
 def _job(target: str, i: int, priority: int = 0) -> dict[str, Any]:
@@ -20,12 +19,8 @@ def _job(target: str, i: int, priority: int = 0) -> dict[str, Any]:
 
 
 @pytest.fixture
-def queues() -> Iterator[ParkedQueues]:
-    store = StateStore("parked")
-    for p in range(PARTS):
-        store.open(p)
-    yield ParkedQueues(store, PARTS)
-    store.close()
+def queues(parked_queues: ParkedQueues) -> ParkedQueues:
+    return parked_queues
 
 
 def _park(q: ParkedQueues, target: str, offsets: range, tier: int = 0) -> None:

@@ -5,7 +5,6 @@ out), and a connection of its own so a slow query never holds the worker's inser
 from __future__ import annotations
 
 import json
-import os
 import stat
 import threading
 import time
@@ -13,21 +12,18 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
-from core.config import Settings, load_settings
+from core.config import Settings
 from core.errors import CrawlfleetError
 from infra.clickhouse import PORT_FILE, TOKEN_FILE, TOKEN_HEADER, Store, StoreOwnership
 from infra.store_query import QueryServer, query_owner, run_query
 
 
 @pytest.fixture
-def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Settings, Store]]:
-    for key in [k for k in os.environ if k.startswith("CRAWLFLEET_")]:
-        monkeypatch.delenv(key)
-    s = load_settings(data_dir=tmp_path / "data")
+def served(embedded_settings: Settings) -> Iterator[tuple[Settings, Store]]:
+    s = embedded_settings
     ownership = StoreOwnership(s)
     assert ownership.claim()
     store = Store(s, owner=True)
@@ -152,11 +148,8 @@ def test_a_slow_query_never_holds_the_workers_inserts(served: tuple[Settings, St
     assert store.scalar("SELECT count() FROM queue_samples") == 1
 
 
-def test_no_owner_the_reader_opens_the_store_read_only(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in [k for k in os.environ if k.startswith("CRAWLFLEET_")]:
-        monkeypatch.delenv(key)
-    s = load_settings(data_dir=tmp_path / "data")
+def test_no_owner_the_reader_opens_the_store_read_only(embedded_settings: Settings) -> None:
+    s = embedded_settings
     store = Store(s)
     store.ensure_schema()
     store.close()

@@ -3,7 +3,6 @@ scheduler's revisit and new-URL queues, and their parked queues on disk."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,9 +10,9 @@ import pytest
 from consumers.fetch.parking import ParkedQueues, park_key, queue_of_key
 from consumers.fetch.scheduler import BULK, HIGH, QUEUES, REVISIT, TargetScheduler, queue_of
 from schemas.topics import partition_for
-from streams.state_store import StateStore
+from tests.unit.conftest import PARKED_PARTS
 
-PARTS = 4
+PARTS = PARKED_PARTS
 
 
 def _starts(sched: TargetScheduler[str], n: int, interval: float) -> list[tuple[float, str]]:
@@ -138,12 +137,8 @@ def test_queue_numbers() -> None:
 
 
 @pytest.fixture
-def parked() -> Iterator[ParkedQueues]:
-    store = StateStore("parked")
-    for p in range(PARTS):
-        store.open(p)
-    yield ParkedQueues(store, PARTS)
-    store.close()
+def parked(parked_queues: ParkedQueues) -> ParkedQueues:
+    return parked_queues
 
 
 def _job(target: str, i: int, visit: int) -> dict[str, Any]:

@@ -5,28 +5,24 @@ it, its old rows read as planning no visit."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from core.config import Settings, load_settings
+from core.config import Settings
 from infra.clickhouse import DEAD_COLUMNS, VISIT_COLUMNS, Store, StoreOwnership
 from infra.views import expand, load_views
+from tests.unit.conftest import OLD_PAGE_VISITS
 
 NONE = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
-    for key in [k for k in os.environ if k.startswith("CRAWLFLEET_")]:
-        monkeypatch.delenv(key)
-    s = load_settings(data_dir=tmp_path / "data")
-    yield from _opened(s)
+def store(embedded_settings: Settings) -> Iterator[Store]:
+    yield from _opened(embedded_settings)
 
 
 def _opened(s: Settings) -> Iterator[Store]:
@@ -119,24 +115,12 @@ def test_revisits_due_waiting_planned_done_and_late_per_target(store: Store) -> 
     assert set(got) == {"t1", "t2"}
 
 
-#: page_visits as stores made it before next_due_at (issue 45.3) was kept.
-_OLD_VISITS = """CREATE TABLE page_visits (
-    dedupe_key String, visit UInt32, url String, target LowCardinality(String),
-    profile LowCardinality(String), visited_at DateTime64(3, 'UTC'), status UInt16,
-    outcome LowCardinality(String), changed UInt8, signature String, etag String,
-    last_modified String, stored_at DateTime64(3, 'UTC') DEFAULT now64(3)
-) ENGINE = ReplacingMergeTree(visited_at) ORDER BY (dedupe_key, visit)"""
-
-
-def test_a_store_made_before_next_due_at_gains_it(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in [k for k in os.environ if k.startswith("CRAWLFLEET_")]:
-        monkeypatch.delenv(key)
-    s = load_settings(data_dir=tmp_path / "data")
+def test_a_store_made_before_next_due_at_gains_it(embedded_settings: Settings) -> None:
+    s = embedded_settings
     ownership = StoreOwnership(s)
     assert ownership.claim()
     old = Store(s, owner=True)
-    old.command(_OLD_VISITS)
+    old.command(OLD_PAGE_VISITS)
     at = datetime.now(UTC) - timedelta(seconds=30)
     before = VISIT_COLUMNS.index("next_due_at")  # the columns an older store had
     old.insert("page_visits", VISIT_COLUMNS[:before],

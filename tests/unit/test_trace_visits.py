@@ -5,36 +5,24 @@ embedded chDB store, rows written by the store stage's own row functions."""
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from consumers.store import page_event_row, page_row, visit_row
-from core.config import Settings, load_settings
+from core.config import Settings
 from crawlfleet.trace import SHARED, crawl_of, trace, visit_of_key
 from infra.clickhouse import EVENT_COLUMNS, PAGE_COLUMNS, VISIT_COLUMNS, Store
 from schemas.keys import dedupe_key
+from tests.unit.conftest import OLD_PAGE_VISITS
 
 URL = "http://127.0.0.1:8000/index.html"
 T0 = 1_780_000_000_000
 
-#: page_visits as stores before issue 44 made it: keyed by page and visit only.
-OLD_VISITS = """CREATE TABLE page_visits (
-    dedupe_key String, visit UInt32, url String, target LowCardinality(String),
-    profile LowCardinality(String), visited_at DateTime64(3, 'UTC'), status UInt16,
-    outcome LowCardinality(String), changed UInt8, signature String, etag String,
-    last_modified String, stored_at DateTime64(3, 'UTC') DEFAULT now64(3)
-) ENGINE = ReplacingMergeTree(visited_at) ORDER BY (dedupe_key, visit)"""
-
-
 @pytest.fixture
-def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    for key in [k for k in os.environ if k.startswith("CRAWLFLEET_")]:
-        monkeypatch.delenv(key)
-    return load_settings(data_dir=tmp_path / "data")
+def settings(embedded_settings: Settings) -> Settings:
+    return embedded_settings
 
 
 def _page(visit: int, fetched_ms: int, title: str) -> dict[str, Any]:
@@ -108,7 +96,7 @@ def test_a_store_made_before_crawls_were_kept_gains_the_key_in_place(
         settings: Settings) -> None:
     store = Store(settings, owner=True)
     try:
-        store.command(OLD_VISITS)
+        store.command(OLD_PAGE_VISITS)
         store.command(f"INSERT INTO page_visits (dedupe_key, visit, url, visited_at) VALUES "
                       f"('{dedupe_key('default', URL)}', 0, '{URL}', now64(3))")
     finally:
