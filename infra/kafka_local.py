@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InfraError
+from infra.broker_process import is_our_broker, send_signal, terminate, wait_gone
 from infra.kafka_home import (
     _LOG4J2,
     _MAIN_CLASS,
@@ -191,21 +192,9 @@ def _read_pid_file(path: Path) -> int | None:
         return None
 
 
-def _is_our_broker(pid: int, props: Path) -> bool:
-    """True if pid is a live JVM running kafka.Kafka on this node's config (not a reused pid)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    if state in ("Z", "X"):
-        return False
-    return _MAIN_CLASS.encode() in cmdline and str(props).encode() in cmdline
-
-
 def _node_running(home: Path, node_id: int) -> tuple[int | None, bool]:
     pid = _read_pid(home, node_id)
-    return pid, pid is not None and _is_our_broker(pid, _props_path(home, node_id))
+    return pid, pid is not None and is_our_broker(pid, _props_path(home, node_id))
 
 
 def _port_free(port: int) -> bool:
@@ -301,51 +290,6 @@ def _start_nodes(home: Path, cluster: _Cluster, node_ids: Sequence[int]) -> None
             stopped.append(node_id)
     for node_id in stopped:  # a new node's format runs in its launcher (_FORMAT_LAUNCHER)
         _spawn(home, cluster, node_id)
-
-
-def _signal(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)
-
-
-def _start_time(pid: int) -> str | None:
-    """The process's start time (/proc stat field 22), or None once it is gone or a zombie."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] in ("Z", "X") else fields[19]
-
-
-def _wait_gone(pids: dict[int, Path], timeout_s: float) -> dict[int, Path]:
-    """Poll until the processes exit; return those still alive at the deadline.
-
-    The callers identified each pid as a broker; from then on a pid counts until /proc says it
-    is gone or a zombie (same start time, so not a reused pid). Re-checking its command line
-    would not do: an exiting process's cmdline reads empty while it still holds its ports and
-    files, which let ``down`` return, and a restart find its port taken, before the JVM was gone.
-    """
-    deadline = time.monotonic() + timeout_s
-    started = {pid: _start_time(pid) for pid in pids}
-    alive = {pid: props for pid, props in pids.items() if started[pid] is not None}
-    while alive:
-        alive = {pid: props for pid, props in alive.items() if _start_time(pid) == started[pid]}
-        if not alive or time.monotonic() >= deadline:
-            break
-        time.sleep(0.1)
-    return alive
-
-
-def _terminate(pids: dict[int, Path], timeout_s: float) -> None:
-    """SIGTERM (controlled shutdown), then SIGKILL whatever is still there at the deadline."""
-    for pid in pids:
-        _signal(pid, signal.SIGTERM)
-    leftovers = _wait_gone(pids, timeout_s)
-    for pid in leftovers:
-        _log.warning("Kafka pid %d ignored SIGTERM for %.0fs; killing it", pid, timeout_s)
-        _signal(pid, signal.SIGKILL)
-    if _wait_gone(leftovers, 10.0):
-        raise InfraError(f"Kafka processes {sorted(leftovers)} survived SIGKILL")
 
 
 # --------------------------------------------------------------------------- readiness
@@ -493,9 +437,9 @@ def down(base_dir: Path | None = None, timeout_s: float = 30.0) -> None:
         for pid_file in pid_files:
             pid = _read_pid_file(pid_file)
             props = pid_file.parent / "server.properties"
-            if pid is not None and _is_our_broker(pid, props):
+            if pid is not None and is_our_broker(pid, props):
                 pids[pid] = props
-        _terminate(pids, timeout_s)
+        terminate(pids, timeout_s)
         for pid_file in pid_files:
             pid_file.unlink(missing_ok=True)
 
@@ -510,11 +454,11 @@ def stop_node(node_id: int, base_dir: Path | None = None, hard: bool = True) -> 
         if pid is not None and running:
             props = {pid: _props_path(home, node_id)}
             if hard:
-                _signal(pid, signal.SIGKILL)
-                if _wait_gone(props, 10.0):
+                send_signal(pid, signal.SIGKILL)
+                if wait_gone(props, 10.0):
                     raise InfraError(f"Kafka node {node_id} (pid {pid}) survived SIGKILL")
             else:
-                _terminate(props, 30.0)
+                terminate(props, 30.0)
         _pid_path(home, node_id).unlink(missing_ok=True)
 
 
@@ -592,11 +536,11 @@ def restart_all(base_dir: Path | None = None, hard: bool = True, down_s: float =
                 pids[pid] = _props_path(home, node_id)
         if hard:
             for pid in pids:
-                _signal(pid, signal.SIGKILL)  # a frozen node too: SIGKILL needs no SIGCONT
-            if _wait_gone(pids, 10.0):
+                send_signal(pid, signal.SIGKILL)  # a frozen node too: SIGKILL needs no SIGCONT
+            if wait_gone(pids, 10.0):
                 raise InfraError(f"Kafka processes {sorted(pids)} survived SIGKILL")
         else:
-            _terminate(pids, 30.0)
+            terminate(pids, 30.0)
         for node_id in cluster.node_ids():
             _pid_path(home, node_id).unlink(missing_ok=True)
     if down_s > 0:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra import kafka_local
+from infra import broker_process
 
 _SLEEP = [sys.executable, "-c", "import time; time.sleep({})"]
 
@@ -24,7 +24,7 @@ def _spawn(seconds: float) -> subprocess.Popen[bytes]:
 def test_the_wait_returns_only_after_the_process_has_exited() -> None:
     proc = _spawn(1.0)
     try:
-        left = kafka_local._wait_gone({proc.pid: Path("/nonexistent/server.properties")}, 20.0)
+        left = broker_process.wait_gone({proc.pid: Path("/nonexistent/server.properties")}, 20.0)
         assert left == {}
         assert proc.poll() is not None, "the wait returned while the process still ran"
     finally:
@@ -36,7 +36,7 @@ def test_a_process_alive_at_the_deadline_is_returned() -> None:
     proc = _spawn(60.0)
     props = Path("/nonexistent/server.properties")
     try:
-        assert kafka_local._wait_gone({proc.pid: props}, 0.3) == {proc.pid: props}
+        assert broker_process.wait_gone({proc.pid: props}, 0.3) == {proc.pid: props}
     finally:
         proc.kill()
         proc.wait()
@@ -44,8 +44,8 @@ def test_a_process_alive_at_the_deadline_is_returned() -> None:
 
 def test_a_zombie_or_vanished_pid_counts_as_gone() -> None:
     proc = _spawn(0.0)
-    while kafka_local._start_time(proc.pid) is not None:  # exits, stays a zombie until reaped
+    while broker_process.start_time(proc.pid) is not None:  # exits, stays a zombie until reaped
         pass
-    assert kafka_local._wait_gone({proc.pid: Path("x")}, 5.0) == {}
+    assert broker_process.wait_gone({proc.pid: Path("x")}, 5.0) == {}
     proc.wait()
-    assert kafka_local._wait_gone({proc.pid: Path("x")}, 5.0) == {}
+    assert broker_process.wait_gone({proc.pid: Path("x")}, 5.0) == {}
