@@ -26,6 +26,7 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 from core.config import Settings
 from core.errors import ConfigError, InfraError, QueryError, RetryableError
 from infra.clickhouse import (
+    CHDB_OPTIONS,
     PORT_FILE,
     READ_ONLY_SETTINGS,
     READER_WAIT_S,
@@ -135,7 +136,8 @@ class _ReadConnection:
 
     def __init__(self, path: Path) -> None:
         self._lock = threading.Lock()
-        self._client = clickhouse_connect.get_client(interface="chdb", path=str(path))
+        self._client = clickhouse_connect.get_client(interface="chdb", path=str(path),
+                                                     chdb_options=CHDB_OPTIONS)
 
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         with self._lock:
