@@ -327,8 +327,9 @@ def crawl_exit(summary: Any, signum: int, resume: str) -> int:
     if not summary.drained:
         return 1
     if not summary.pages_stored:
+        named = f" --crawl {summary.topic_prefix}" if summary.topic_prefix else ""
         err_console.print("nothing could be fetched: every seed was refused (see the dead "
-                          "letters above: `crawlfleet dlq list`)", markup=False,
+                          f"letters above: `crawlfleet dlq list{named}`)", markup=False,
                           highlight=False)
         return EXIT_NOTHING_FETCHED
     return EXIT_BAD_LINES if summary.seed_errors else 0

@@ -98,6 +98,8 @@ CrawlOpt = Annotated[str | None, typer.Option(
     "or name (`crawlfleet crawls` lists them). [default: the configured prefix (env "
     "CRAWLFLEET_TOPIC_PREFIX), else the crawl running on the data dir, else the shared "
     "namespace]")]
+TargetOpt = Annotated[str | None, typer.Option(
+    "--target", help="Only this target (host). [default: every target]")]
 KafkaHomeOpt = Annotated[Path | None, typer.Option(
     help="Kafka home (jars, data). [default: .crawlfleet/kafka, or "
     "$CRAWLFLEET_HOME/kafka]")]
@@ -172,6 +174,16 @@ def crawl_settings(config: Path | None, bootstrap: str | None, topic_prefix: str
     from crawlfleet.reach import reach_kafka
     s = reach_kafka(_settings(config, bootstrap=bootstrap, data_dir=data_dir, **overrides))
     return require_namespace(pick_namespace(s, topic_prefix))
+
+
+def store_crawl_settings(config: Path | None, topic_prefix: str | None,
+                         clickhouse: str | None, data_dir: Path | None) -> Settings:
+    """Settings on the crawl a command that only reads the store means, found as
+    :func:`crawl_settings` finds it, yet with no broker asked: a one-off crawl removes its
+    topics when it ends, its rows (pages, dead letters) stay in the store."""
+    from crawlfleet.crawls import pick_namespace
+    return pick_namespace(_settings(config, clickhouse=clickhouse, data_dir=data_dir),
+                          topic_prefix)
 
 
 def crawl_name(s: Settings) -> str:

@@ -19,26 +19,20 @@ from crawlfleet.cli_base import (
     CrawlOpt,
     DataDirOpt,
     PrefixOpt,
-    _Command,
+    TargetOpt,
     _error,
     _fail,
-    _on_cluster,
     _settings,
     cell,
     command,
     console,
     crawl_name,
     crawl_settings,
-    dlq_app,
     err_console,
     setting_help,
 )
 
 # --- control -------------------------------------------------------------------------------
-
-TargetOpt = Annotated[str | None, typer.Option(
-    "--target", help="Only this target (host). [default: every target]")]
-
 
 def _toggle(paused: bool, target: str | None, config: Path | None, bootstrap: str | None,
             topic_prefix: str | None, data_dir: Path | None) -> None:
@@ -379,19 +373,7 @@ def top_cmd(config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
         view.close()
 
 
-# --- dead letters and lineage ----------------------------------------------------------------
-
-ReasonOpt = Annotated[str | None, typer.Option(
-    "--reason", help="Only this reason class. [default: every reason]")]
-SinceOpt = Annotated[str | None, typer.Option(
-    "--since", help="Only dead letters of the last DURATION (90s, 15m, 2h, 1d). "
-    "[default: all time]")]
-
-
-def _dlq_filters(reason: str | None, target: str | None, since: str | None) -> Any:
-    from crawlfleet import dlq
-    return dlq.Filters(reason, target, dlq.parse_duration(since) if since else None)
-
+# --- lineage (dead letters: cli_dlq) ---------------------------------------------------------
 
 def _print_rows(cols: Any, rows: Any) -> None:
     if not rows:
@@ -401,79 +383,6 @@ def _print_rows(cols: Any, rows: Any) -> None:
     for r in rows:
         t.add_row(*(cell(v) for v in r))
     console.print(t)
-
-
-@dlq_app.command("list", cls=_Command)
-def dlq_list(reason: ReasonOpt = None, target: TargetOpt = None, since: SinceOpt = None,
-             limit: Annotated[int, typer.Option(help="At most this many (0: all).")] = 200,
-             config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
-             data_dir: DataDirOpt = None) -> None:
-    """Dead letters, oldest first, with the id `dlq show` takes."""
-    from crawlfleet import dlq
-    try:
-        s = _settings(config, clickhouse=clickhouse, data_dir=data_dir)
-        cols, rows = dlq.list_dead(s, _dlq_filters(reason, target, since), limit or None)
-    except CrawlfleetError as exc:
-        _fail(exc)
-        return
-    _print_rows(cols, rows)
-
-
-@dlq_app.command("show", cls=_Command)
-def dlq_show(event_id: Annotated[str, typer.Argument(metavar="ID", help="Id from `dlq list`.")],
-             config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
-             data_dir: DataDirOpt = None) -> None:
-    """One dead letter, whole: its job, full error, attempts, worker and version tuple."""
-    import json as _json
-
-    from crawlfleet import dlq
-    try:
-        record = dlq.show(_settings(config, clickhouse=clickhouse, data_dir=data_dir), event_id)
-    except CrawlfleetError as exc:
-        _fail(exc)
-        return
-    console.print_json(_json.dumps(record, default=str))
-
-
-@dlq_app.command("replay", cls=_Command)
-def dlq_replay(reason: ReasonOpt = None, target: TargetOpt = None, since: SinceOpt = None,
-               dry_run: Annotated[bool, typer.Option(
-                   "--dry-run", help="Show what would go. [default: off]")] = False,
-               all_: Annotated[bool, typer.Option(
-                   "--all", help="With no --reason, --target or --since: replay every dead "
-                   "letter that can succeed. [default: off]")] = False,
-               config: ConfigOpt = None, bootstrap: BootstrapOpt = None,
-               topic_prefix: CrawlOpt = None, clickhouse: ClickhouseOpt = None,
-               data_dir: DataDirOpt = None) -> None:
-    """Put the selected dead jobs back on the frontier: fresh attempts, a replay mark, the
-    normal robots, cap, scope and dedupe path. Replaying the same selection again is a
-    no-op. robots_disallowed and address_not_allowed are replayed only when --reason names
-    them (nothing but a change of the site or the settings can cure them)."""
-    from crawlfleet import dlq
-    try:
-        filters = _dlq_filters(reason, target, since)
-        if filters.empty and not all_:
-            _error("no filter: this would replay every dead letter; name --reason, --target "
-                   "or --since, or pass --all")
-            raise typer.Exit(2)
-        if dry_run:
-            s = _settings(config, bootstrap=bootstrap, topic_prefix=topic_prefix,
-                          clickhouse=clickhouse, data_dir=data_dir)
-        else:
-            s = _on_cluster(crawl_settings(config, bootstrap, topic_prefix, data_dir,
-                                           clickhouse=clickhouse))
-        plan, report = dlq.replay(s, filters, dry_run)
-    except CrawlfleetError as exc:
-        _fail(exc)
-        return
-    for job, dead_id in zip(plan.jobs, plan.ids, strict=True):
-        console.print(f"{'would replay' if dry_run else 'replayed'} {dead_id} {job['url']}",
-                      markup=False, highlight=False)
-    console.print(f"{len(plan.jobs)} {'to replay' if dry_run else 'replayed'}, "
-                  f"{plan.superseded} older dead letters of the same pages, "
-                  f"{plan.unreplayable} without a job (undecodable records)")
-    if report is not None and report.waited_s:
-        console.print(f"waited {report.waited_s:.1f}s on the frontier bound")
 
 
 @command("trace")
@@ -596,5 +505,5 @@ def doctor_cmd(config: ConfigOpt = None, clickhouse: ClickhouseOpt = None,
 
 
 # Registered on import: approve, approved, revoke (the approved set of version tuples);
-# schema (the store's DDL printed, or a cluster's applied once).
-from crawlfleet import cli_approval, cli_schema  # noqa: E402,F401
+# schema (the store's DDL printed, or a cluster's applied once); dlq list, show, replay.
+from crawlfleet import cli_approval, cli_dlq, cli_schema  # noqa: E402,F401

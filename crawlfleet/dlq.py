@@ -6,12 +6,19 @@ Replay publishes the selected jobs to the frontier again through the normal path
 the fetch stage's own: robots.txt, the cap, retries, dedupe) with fresh attempts and a
 replay mark derived from the dead letter's id (see :mod:`producers.replay`), so replaying
 a selection twice fetches each URL once.
+
+Every crawl of a data dir (or of one ClickHouse server) writes the one ``dead_letters``
+table, and a dead letter names no crawl: its crawl is the topic prefix of its id (the record
+came from ``<prefix>crawl.dead``; a record the store could not decode, from
+``<prefix>crawl.<topic>``). Each command acts on one crawl by that prefix (:func:`crawl_where`):
+a replay of crawl A selects A's dead letters only, as it publishes to A's frontier only.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from core.config import Settings
@@ -22,6 +29,12 @@ from producers.replay import ReplayReport, publish_replays, replay_id, replay_jo
 from schemas.keys import page_key
 from schemas.records import CrawlJob
 
+#: A store row's id, ``<prefix>crawl.<topic>:<partition>:<offset>`` (``#...`` after it: a row
+#: of its own from that record): group 1 is the prefix of the crawl it came from, "" the
+#: shared fleet's. One pattern for Python and for ClickHouse's RE2 (prefixes and topic names
+#: are letters, digits, '.', '_' and '-').
+PLACE = r"(?s)^(.*)crawl\.[\w-]+:\d+:\d+(?:#.*)?$"
+_PLACE = re.compile(PLACE)
 LIST_COLUMNS = ("event_id", "failed_at", "reason", "target", "url", "attempts", "worker")
 _LIST_HEAD = " ".join(("SELECT", ", ".join(LIST_COLUMNS), "FROM dead_letters_v"))
 
@@ -45,20 +58,46 @@ def select(settings: Settings, head: str, where: str, tail: str = "",
     return run_query(settings, bind(" ".join((head, "WHERE", where, tail)), **values))
 
 
+def crawl_of(event_id: str) -> str | None:
+    """The topic prefix of the crawl whose record a row was stored from (its id is the
+    record's place), or None for an id that is not one."""
+    m = _PLACE.fullmatch(event_id)
+    return m[1] if m else None
+
+
+def crawl_where(crawl: str, column: str = "event_id") -> tuple[str, dict[str, str | int]]:
+    """A WHERE template (and its values) keeping the rows of one crawl (``crawl``: its topic
+    prefix, "" the shared fleet's), read from each row's id as :func:`crawl_of` reads it:
+    crawl ``a.`` is not crawl ``b.a.``, nor the shared fleet crawl ``x.``'s."""
+    return (f"match({column}, {{place}}) AND extract({column}, {{place}}) = {{crawl}}",
+            {"place": PLACE, "crawl": crawl})
+
+
+def crawl_phrase(crawl: str) -> str:
+    """How a message names a crawl."""
+    return f"crawl {crawl}" if crawl else "the shared fleet"
+
+
 @dataclass(frozen=True)
 class Filters:
     reason: str | None = None
     target: str | None = None
     since_s: float | None = None
+    #: The crawl's topic prefix ("" the shared fleet's); None: every crawl of the store.
+    crawl: str | None = None
 
     @property
     def empty(self) -> bool:
-        """No filter at all: every dead letter."""
+        """No filter but the crawl: every dead letter (of the crawl)."""
         return not self.reason and not self.target and self.since_s is None
 
     def where(self) -> tuple[str, dict[str, str | int]]:
         """A WHERE template and its values."""
         parts, values = ["1"], {}  # type: tuple[list[str], dict[str, str | int]]
+        if self.crawl is not None:
+            part, crawl_values = crawl_where(self.crawl)
+            parts.append(part)
+            values.update(crawl_values)
         if self.reason:
             parts.append("reason = {reason}")
             values["reason"] = self.reason
@@ -80,26 +119,52 @@ def list_dead(settings: Settings, filters: Filters,
                   "ORDER BY failed_at, event_id" + (" LIMIT {limit}" if limit else ""), **values)
 
 
-def show(settings: Settings, event_id: str) -> dict[str, Any]:
+def dead_by_crawl(settings: Settings, filters: Filters) -> dict[str, int]:
+    """Crawl (topic prefix) → its dead letters ``filters`` select, whatever their crawl: what
+    an empty selection names, so the operator sees which crawl holds the ones they meant."""
+    where, values = replace(filters, crawl=None).where()
+    values["place"] = PLACE
+    _, rows = select(settings, "SELECT extract(event_id, {place}) AS crawl, count() "
+                     "FROM dead_letters_v", where + " AND match(event_id, {place})",
+                     "GROUP BY crawl ORDER BY crawl", **values)
+    return {str(c): int(n) for c, n in rows}
+
+
+def show(settings: Settings, event_id: str, crawl: str | None = None) -> dict[str, Any]:
     """One dead letter, whole, with the version tuple of the attempt that died (from its
-    telemetry event, when the fetch stage made it)."""
-    cols, rows = select(settings, "SELECT * FROM dead_letters_v", "event_id = {id}",
-                        id=event_id)
+    telemetry event, when the fetch stage made it); with ``crawl``, only one of that crawl's
+    (another crawl's is refused, naming it)."""
+    where, values = Filters(crawl=crawl).where()
+    values["id"] = event_id
+    cols, rows = select(settings, "SELECT * FROM dead_letters_v", where + " AND event_id = {id}",
+                        "", **values)
     if not rows:
-        raise ConfigError(f"no dead letter {event_id!r} (ids: crawlfleet dlq list)")
+        owner = crawl_of(event_id)
+        if crawl is not None and owner is not None and owner != crawl and \
+                select(settings, "SELECT 1 FROM dead_letters_v", "event_id = {id}",
+                       id=event_id)[1]:
+            raise ConfigError(f"dead letter {event_id!r} is {crawl_phrase(owner)}'s, not "
+                              f"{crawl_phrase(crawl)}'s: pass --crawl {owner or repr('')}")
+        where_ = f" of {crawl_phrase(crawl)}" if crawl is not None else ""
+        raise ConfigError(f"no dead letter {event_id!r}{where_} (ids: crawlfleet dlq list)")
     record: dict[str, Any] = dict(zip(cols, rows[0], strict=True))
     record["job"] = json.loads(record["job"]) if record.get("job") else None
     record["version_tuple"] = None
     if record.get("url"):
+        # the attempt of the dead letter's own crawl: another crawl's workers bear the
+        # same names (fetch-0, ...) and may have failed on the same page
+        owner = crawl_of(event_id)
+        same, crawl_values = crawl_where(owner) if owner is not None else ("1", {})
         vcols, vrows = select(
             settings,
             "SELECT ts, worker, fetcher_version, http_version, tls_version, "
             "profile_bundle_version, code_revision FROM fetch_events_v",
-            "url = {url} AND profile = {profile} AND outcome = 'dead' AND worker = {worker}",
+            "url = {url} AND profile = {profile} AND outcome = 'dead' AND worker = {worker} "
+            "AND " + same,
             "ORDER BY abs(dateDiff('millisecond', ts, "
             "parseDateTime64BestEffort({failed_at}, 3, 'UTC'))) LIMIT 1",
             url=record["url"], profile=record["profile"], worker=record["worker"],
-            failed_at=str(record["failed_at"]))
+            failed_at=str(record["failed_at"]), **crawl_values)
         if vrows:
             record["version_tuple"] = dict(zip(vcols, vrows[0], strict=True))
     return record
@@ -155,9 +220,11 @@ UNREPLAYABLE = ("robots_disallowed", "address_not_allowed")
 
 def replay(settings: Settings, filters: Filters,
            dry_run: bool = False) -> tuple[ReplayPlan, ReplayReport | None]:
-    """Replay the selected dead jobs (see :func:`producers.replay.publish_replays`); the
-    classes in :data:`UNREPLAYABLE` are left out unless ``filters.reason`` names one."""
-    where, values = filters.where()
+    """Replay the selected dead jobs of the crawl ``settings`` names (its topic prefix): they
+    go to that crawl's frontier, so no other crawl's are selected, whatever
+    ``filters.crawl`` says (see :func:`producers.replay.publish_replays`). The classes in
+    :data:`UNREPLAYABLE` are left out unless ``filters.reason`` names one."""
+    where, values = replace(filters, crawl=settings.topic_prefix).where()
     if not filters.reason:
         where += " AND reason NOT IN (" + ", ".join(sql_string(r) for r in UNREPLAYABLE) + ")"
     cols, rows = select(settings, "SELECT event_id, failed_at, url, target, profile, reason, "
@@ -169,5 +236,6 @@ def replay(settings: Settings, filters: Filters,
     return plan, publish_replays(plan.jobs, settings)
 
 
-__all__ = ["UNREPLAYABLE", "Filters", "ReplayPlan", "list_dead", "parse_duration",
-           "plan_replay", "replay", "replay_id", "show"]
+__all__ = ["PLACE", "UNREPLAYABLE", "Filters", "ReplayPlan", "crawl_of", "crawl_phrase",
+           "crawl_where", "dead_by_crawl", "list_dead", "parse_duration", "plan_replay",
+           "replay", "replay_id", "show"]

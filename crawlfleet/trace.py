@@ -32,7 +32,7 @@ from typing import Any
 from core.config import Settings
 from core.timefmt import iso_utc
 from core.urls import canonicalize
-from crawlfleet.dlq import select
+from crawlfleet.dlq import crawl_of, select
 from schemas.keys import dedupe_key
 
 #: Order of events stamped in the same millisecond: a job's life runs this way.
@@ -42,8 +42,6 @@ COLUMNS = ("time", "url", "event", "attempt", "status", "detail", "worker", "ver
            "crawl", "visit")
 #: How the shared fleet's namespace (no topic prefix) is named (as ``crawlfleet crawls``).
 SHARED = "(shared)"
-#: A store row's id: ``<prefix>crawl.<topic>:<partition>:<offset>`` (+ ``#...``).
-_PLACE = re.compile(r"(?P<prefix>.*)crawl\.[\w-]+:\d+:\d+(?:#.*)?", re.S)
 #: A revisit's job key: the page's key and `` visit:N`` (schemas/keys.job_dedupe_key).
 _VISIT_OF_KEY = re.compile(r" visit:(\d+)")
 #: A stored title is shown up to this many characters (the pages row holds up to 1,000).
@@ -77,13 +75,6 @@ def crawl_label(prefix: str | None) -> str:
     if prefix is None:
         return ""
     return prefix or SHARED
-
-
-def crawl_of(event_id: str) -> str | None:
-    """The topic prefix of the crawl whose record a row was stored from (its id is the
-    record's place), or None for an id that is not one."""
-    m = _PLACE.fullmatch(event_id)
-    return m["prefix"] if m else None
 
 
 def visit_of_key(key: str) -> int:

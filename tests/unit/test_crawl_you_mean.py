@@ -42,7 +42,8 @@ def test_the_resume_command_repeats_the_options_given_and_names_the_prefix() -> 
 
 
 def _summary(**kw: Any) -> Any:
-    base = {"interrupted": False, "drained": True, "pages_stored": 5, "seed_errors": 0}
+    base = {"interrupted": False, "drained": True, "pages_stored": 5, "seed_errors": 0,
+            "topic_prefix": "c1-abcdef."}
     return SimpleNamespace(**{**base, **kw})
 
 

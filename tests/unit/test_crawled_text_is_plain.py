@@ -42,7 +42,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 @pytest.mark.parametrize("args", [
     ["sql", "SELECT url, error FROM dead_letters_v"],
-    ["dlq", "show", "p.crawl.dead:0:7"],
+    ["dlq", "show", "p.crawl.dead:0:7", "--crawl", "p"],
     ["trace", HOSTILE_URL],
 ])
 def test_hostile_text_prints_as_written(env: dict[str, str], args: list[str]) -> None:
