@@ -2,7 +2,7 @@
 and its state cycle after cycle.
 
     python -m bench.revisit_soak [--hosts 8] [--pages 6] [--interval 6] [--cycles 12]
-                                 [--port 28792]
+                                 [--port 28792] [--short-horizon]
 
 Deployed as README's cluster section says (topics made, one worker per stage and the
 quarantine app, ``revisit = "every Ns"``), on a broker of the benchmark's own (a fresh home in
@@ -26,6 +26,11 @@ Cycle k ends when every page's visit k is stored. For each it prints:
   store (page_visits rows and chDB's directory: the history, which grows by design).
 
 Then the change of each from cycle 2 (warmed up) to the last, per cycle.
+
+``--short-horizon`` compresses the dedupe horizon with the interval (one attempt, a 6 s
+lease: ``dedupe_horizon_s`` 6 s, not the default 2 h 5 min), so the seen store's pruning of
+earlier visits' keys (``consumers.fetch.visit_prune``) shows within the run: at the default
+horizon, seconds-apart visits are all younger than it and every key is rightly kept.
 """
 
 from __future__ import annotations
@@ -57,6 +62,9 @@ from sites.changing_site import MODES, ChangingSite
 from sites.demo_server import free_port
 from streams.status import read_statuses
 
+#: ``--short-horizon``: one attempt (no retry horizon) and a 6 s lease, the broker's least.
+SHORT_HORIZON: dict[str, Any] = {"max_attempts": 1, "session_timeout_ms": 6000,
+                                 "max_poll_interval_ms": 6000}
 #: The fetch stage's gauges of per-target state (``TargetPolicy.memory_counts``).
 TARGET_GAUGES = ("target_slots", "robots_rules", "robots_intervals", "target_health")
 
@@ -335,7 +343,8 @@ def run(args: argparse.Namespace, work: Path, say: Callable[[str], None]) -> lis
     try:
         s = load_settings(bootstrap_servers=bootstrap, topic_prefix="soak.",
                           data_dir=work / "data", allow_private=True,
-                          revisit=f"every {args.interval:g}s")
+                          revisit=f"every {args.interval:g}s",
+                          **(SHORT_HORIZON if args.short_horizon else {}))
         create_topics(s)
         fleet = Fleet(s, Plan(), work / "logs")
         fleet.start()
@@ -369,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=6.0, help="seconds between visits")
     p.add_argument("--cycles", type=int, default=12, help="revisit cycles after the first")
     p.add_argument("--port", type=int, default=28792, help="the broker's base port")
+    p.add_argument("--short-horizon", action="store_true",
+                   help="a 6 s dedupe horizon (one attempt, a 6 s lease), compressed as time is")
     args = p.parse_args(argv)
     os.environ.setdefault(kafka_local.JARS_ENV, str(kafka_local.ensure_jars()))
     with tempfile.TemporaryDirectory(prefix="crawlfleet-soak-") as tmp:
@@ -376,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     for line in growth(cycles):
         print(line)
     print(f"{args.hosts * args.pages} pages on {args.hosts} targets, every "
-          f"{args.interval:g} s; load average {os.getloadavg()[0]:.1f} (a shared machine)")
+          f"{args.interval:g} s{', dedupe horizon 6 s' if args.short_horizon else ''}; "
+          f"load average {os.getloadavg()[0]:.1f} (a shared machine)")
     return 0
 
 

@@ -63,12 +63,16 @@ def job_dedupe_key(job: Mapping[str, Any]) -> str:
 
     Canonical URLs hold no space, so a suffix can never make another page's key.
     """
-    key = page_key(job)
-    visit = int(job.get("visit") or 0)
-    if visit > 0:
-        key = f"{key} visit:{visit}"
+    key = visit_key(job, int(job.get("visit") or 0))
     rid = (job.get("meta") or {}).get(REPLAY_META)
     return f"{key} replay:{rid}" if rid else key
+
+
+def visit_key(job: Mapping[str, Any], visit: int) -> str:
+    """The dedupe key of visit ``visit`` of ``job``'s page (no replay id): the page's key
+    for visit 0, ``visit:n`` after it for a revisit (what pruning an earlier visit names)."""
+    key = page_key(job)
+    return f"{key} visit:{visit}" if visit > 0 else key
 
 
 def job_key(target: str, profile: str, url: str) -> bytes:

@@ -21,6 +21,16 @@ from dataclasses import dataclass
 
 DAY_MS = 24 * 3600 * 1000
 WEEK = (("cleanup.policy", "delete"), ("retention.ms", str(7 * DAY_MS)))
+HOUR_MS = 3600 * 1000
+#: Changelogs whose keys churn (timers fired and planned again, dedupe keys pruned or
+#: expired): compaction only cleans closed segments, and the default segment.ms (7 days)
+#: kept every fired timer's old values and tombstones that long. An hour's segments let the
+#: cleaner reclaim them within hours. A tombstone then outlives its cleaning by
+#: delete.retention.ms (stated, the broker's default day): a restore that started before the
+#: cleaning must still read it, and a restore is bounded by ``restore_timeout_s`` (minutes).
+#: A worker's local store checkpointed before a tombstone and resumed more than that day
+#: later could miss it (the caveat of every checkpointed changelog store).
+CHURNING = (("segment.ms", str(HOUR_MS)), ("delete.retention.ms", str(DAY_MS)))
 
 
 @dataclass(frozen=True)
@@ -65,7 +75,7 @@ class StoreDecl:
         if self.ttl_setting is not None:
             return TopicDecl(self.changelog, self.record,
                              (("cleanup.policy", "compact,delete"),
-                              ("min.compaction.lag.ms", "60000")), expiring=True)
+                              ("min.compaction.lag.ms", "60000"), *CHURNING), expiring=True)
         # A parked job leaves only by its tombstone: never expired.
         return TopicDecl(self.changelog, self.record, (("cleanup.policy", "compact"),))
 
@@ -90,7 +100,7 @@ class TimerDecl:
     def topic(self) -> TopicDecl:
         return TopicDecl(self.changelog, self.record,
                          (("cleanup.policy", "compact"),
-                          ("message.timestamp.type", "LogAppendTime")))
+                          ("message.timestamp.type", "LogAppendTime"), *CHURNING))
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ Pure bookkeeping, no I/O, shared by the event loop (admit, finish) and the Kafka
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from schemas.records import CrawlJob
@@ -31,8 +31,9 @@ from streams.io import Output
 from streams.offsets import OffsetTracker
 
 TP = tuple[str, int]
-#: (partition, dedupe key) → (seen state, attempt)
-SeenChanges = dict[tuple[int, str], tuple[str, int]]
+#: (partition, dedupe key) → (seen state, attempt), or None: the key's tombstone (a pruned
+#: earlier visit's, ``consumers.fetch.visit_prune``)
+SeenChanges = dict[tuple[int, str], tuple[str, int] | None]
 #: (partition, store key, value or None to delete) for the parked-queue store
 StoreChange = tuple[int, bytes, bytes | None]
 
@@ -187,8 +188,12 @@ class Ledger:
             del self._holders[pj.key]
 
     def finish(self, pj: Pending, outputs: list[Output], seen: tuple[str, int] | None,
-               changes: list[StoreChange] | None = None) -> bool:
-        """Record a job's results for the next transaction; False if its partition moved."""
+               changes: list[StoreChange] | None = None, drops: Collection[str] = ()) -> bool:
+        """Record a job's results for the next transaction; False if its partition moved.
+
+        ``drops``: dedupe keys of its partition deleted with it (their tombstones are among
+        ``outputs``). They stay in force until the transaction commits: duplicate checks
+        read them from the store, never from here."""
         self.release(pj)
         with self.lock:
             if self.epochs.get(pj.tp) != pj.epoch:
@@ -198,6 +203,8 @@ class Ledger:
                 ref = (pj.tp[1], pj.key)
                 self._pending_seen[ref] = res.seen[ref] = seen
                 res.jobs += 1
+            for key in drops:
+                res.seen[(pj.tp[1], key)] = None
             res.outputs.extend(outputs)
             if changes:
                 res.changes.extend(changes)

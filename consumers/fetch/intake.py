@@ -21,12 +21,13 @@ from consumers.fetch.parking import ParkedQueues, park_key
 from consumers.fetch.scheduler import QUEUES, queue_of
 from consumers.fetch.seen import SeenStore
 from consumers.fetch.targets import Targets
+from consumers.fetch.visit_prune import MAX_WALK, prunable_visits
 from consumers.fetch.wiring import FetchWiring
 from consumers.scope import OUT_OF_SCOPE, REROUTE, recheck
 from core.errors import DecodeError, InvalidURLError
 from core.profiles import unknown_profile
 from core.urls import canonicalize, target_of
-from schemas.keys import job_dedupe_key
+from schemas.keys import REPLAY_META, job_dedupe_key, visit_key
 from schemas.lineage import DUPLICATE, PARKED, lineage_event
 from schemas.records import CrawlJob
 from schemas.topics import partition_for
@@ -52,6 +53,8 @@ class Intake:
         self.targets, self.seen, self.parked = targets, seen, parked
         self._allowed = frozenset(w.s.allowed_targets)
         self._profiles = w.s.profile_table
+        # write times are whole seconds, rounded down: a key may be up to 1 s younger
+        self._horizon_s = w.s.dedupe_horizon_s + 1.0
         self.refill_sweep_at = time.monotonic() + REFILL_SWEEP_S
 
     def admit(self, msgs: list[Message]) -> None:
@@ -199,13 +202,31 @@ class Intake:
 
     def finish(self, pj: Pending, outputs: list[Any], seen: tuple[str, int] | None) -> None:
         changes: list[StoreChange] = []
+        drops: list[str] = []
         if seen is not None:
-            outputs = [*outputs, self.rules.seen(pj, seen)]
+            drops = self.earlier_visits(pj)
+            outputs = [*outputs, self.rules.seen(pj, seen),
+                       *(self.rules.unseen(pj, key) for key in drops)]
         if pj.park_key is not None:  # it leaves the parked queue with this transaction
             outputs = [*outputs, self.rules.unpark(pj)]
             changes.append((pj.tp[1], pj.park_key, None))
-        if not self.ledger.finish(pj, outputs, seen, changes) and pj.park_key is not None:
+        if self.ledger.finish(pj, outputs, seen, changes, drops):
+            if drops:
+                self.status.add("seen_pruned", len(drops))
+        elif pj.park_key is not None:
             self.parked.untake(pj.park_key)
+
+    def earlier_visits(self, pj: Pending) -> list[str]:
+        """The keys of the page's earlier visits a revisit's key replaces: those older than
+        the dedupe horizon, never visit 0's (:mod:`consumers.fetch.visit_prune`); none for a
+        replay (its key is not the page's chain)."""
+        visit = int(pj.job.get("visit") or 0)
+        if visit < 2 or (pj.job.get("meta") or {}).get(REPLAY_META):
+            return []
+        part = pj.tp[1]
+        keys = {k: visit_key(pj.job, k) for k in range(max(1, visit - MAX_WALK), visit)}
+        return [keys[k] for k in prunable_visits(
+            visit, lambda k: self.seen.written(part, keys[k]), time.time(), self._horizon_s)]
 
     def unknown_profile(self, tp: TP, offset: int, epoch: int, job: CrawlJob) -> bool:
         """Dead-letter a job whose profile this worker does not know (``unknown_profile``),

@@ -235,6 +235,10 @@ class OutcomeRules:
         record: Seen = {"state": cast(SeenState, state[0]), "attempt": state[1], "status": 0}
         return self.enc.record(self.topology.seen, pj.target, pj.key.encode(), record)
 
+    def unseen(self, pj: Pending, key: str) -> Output:
+        """The tombstone of an earlier visit's dedupe key (``visit_prune``), with ``pj``'s."""
+        return self.enc.record(self.topology.seen, pj.target, key.encode(), None)
+
     def attempt(self, outcome: str, reason: str, started: float) -> AttemptFields:
         """The telemetry a fetched record carries for its attempt (FetchResult v3)."""
         return {"outcome": outcome, "reason": reason,

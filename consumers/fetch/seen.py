@@ -111,6 +111,12 @@ def _written_of(raw: bytes) -> int | None:
     return _entry(raw)[1]
 
 
+def _written_now(raw: bytes) -> tuple[tuple[int], int | None]:
+    """((write time,), write time) for :meth:`StateStore.get_as`; no time: now."""
+    written = _written_of(raw)
+    return (int(time.time()) if written is None else written,), written
+
+
 def restored_value(codec: Codec) -> Transform:
     """Changelog record (Avro ``Seen``) → the stored value, its write time the record's
     timestamp (None: undecodable, skipped: never a crash loop on one record)."""
@@ -182,13 +188,21 @@ class SeenStore:
         """(state, attempt) of ``key``, None if never seen or expired (one call per URL)."""
         return self.store.get_as(partition, key.encode(), _entry)
 
-    def put_many(self, items: Iterable[tuple[int, str, str, int]],
+    def written(self, partition: int, key: str) -> int | None:
+        """When ``key`` was written (epoch seconds), None if it is not here (or expired); a
+        value without a write time reads as written now (young: never pruned for its age)."""
+        found = self.store.get_as(partition, key.encode(), _written_now)
+        return None if found is None else found[0]
+
+    def put_many(self, items: Iterable[tuple[int, str, str | None, int]],
                  checkpoints: dict[int, int] | None = None) -> None:
-        """Apply committed changes: (partition, key, state, attempt); with ``checkpoints``
-        (partition → changelog offset after the transaction's last write), move each
-        checkpoint past these writes in the same batch, so a restore reads only the tail."""
+        """Apply committed changes: (partition, key, state, attempt), a None state deleting
+        the key (a pruned visit's, see ``visit_prune``); with ``checkpoints`` (partition →
+        changelog offset after the transaction's last write), move each checkpoint past
+        these writes in the same batch, so a restore reads only the tail."""
         now_s = int(time.time())
-        self.store.write(((p, key.encode(), encode_value(state, attempt, now_s))
+        self.store.write(((p, key.encode(),
+                           None if state is None else encode_value(state, attempt, now_s))
                           for p, key, state, attempt in items), checkpoints)
 
     def sweep(self, budget: int = 20_000) -> int:

@@ -81,7 +81,7 @@ class FetchStores:
     def committed(self, batch: CommitBatch, written: dict[TP, int]) -> set[str]:
         """Apply a committed transaction's writes; each store's checkpoint moves past them.
         Returns the targets whose parked queue gained work."""
-        self.seen.put_many(((p, k, st, a) for (p, k), (st, a) in batch.seen.items()),
+        self.seen.put_many(((p, k, *(v or (None, 0))) for (p, k), v in batch.seen.items()),
                            {p: o + 1 for (t, p), o in written.items() if t == self.topo.seen})
         gained = self.parked.committed(batch.changes)
         self.parked.store.advance({p: o + 1 for (t, p), o in written.items()

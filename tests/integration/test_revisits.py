@@ -1,7 +1,8 @@
 """Revisits on the real broker and store (issue 45): pages visited again on their
 interval by the revisit stage's keyed timers, each visit fetched and stored once, a kill -9
-of the timer owner while revisits are due firing each of them exactly once, and new URLs
-keeping their share of a target busy with due revisits.
+of the timer owner while revisits are due firing each of them exactly once, new URLs
+keeping their share of a target busy with due revisits, and the seen store keeping a
+page's first and latest visits' keys only (the ones between pruned past the horizon).
 
 Intervals are seconds here (``every 3s``): timers run on broker time, which a test cannot
 speed up, so the cycles are short instead; the policies' arithmetic over long simulated
@@ -14,11 +15,15 @@ import collections
 from collections.abc import Callable
 
 import pytest
+from confluent_kafka import Producer
 
 from core.config import Settings
 from core.urls import canonicalize
 from infra.store_query import run_query
+from infra.topics import topology_of
 from infra.views import expand, load_views
+from schemas.codec import default_codec
+from schemas.records import CrawlJob
 from sites.changing_site import ChangingSite
 from streams.status import holds_work
 from tests.integration.fleet_helpers import (
@@ -26,6 +31,7 @@ from tests.integration.fleet_helpers import (
     create_all_topics,
     publish_seeds,
     query,
+    read_topic,
     scalar,
     wait_until,
 )
@@ -147,3 +153,71 @@ def test_new_urls_keep_their_share_of_a_target_busy_with_due_revisits(
     between = order[min(firsts):max(firsts) + 1]
     # in turn: a revisit between two new URLs (without the turns: none, one after another)
     assert sum(p.startswith("/o") for p in between) >= 4, between
+
+
+def _live_seen_keys(s: Settings) -> set[str]:
+    """The keys ``crawl.seen`` holds on the broker (each key's latest record, tombstones
+    removing it): what a restore rebuilds the seen store from."""
+    latest: dict[str, bool] = {}
+    for r in read_topic(s, topology_of(s).seen):
+        latest[(r.key or b"").decode()] = r.value is not None
+    return {k for k, live in latest.items() if live}
+
+
+def _visits_of(keys: set[str], url: str) -> list[int]:
+    return sorted(0 if k.endswith(f"|{url}") else int(k.rsplit(" visit:", 1)[1])
+                  for k in keys if k.endswith(f"|{url}") or f"|{url} visit:" in k)
+
+
+def test_the_seen_store_keeps_a_pages_first_and_latest_visit_and_suppresses_a_replay(
+        settings: Settings, site_port: int, fleet: Callable[[Settings], Workers]) -> None:
+    """A 6 s dedupe horizon (one attempt, a 6 s lease). Page ``slow`` is revisited every
+    9 s, past the horizon: after three visits ``crawl.seen`` holds its visit 0 and latest
+    visit only. Page ``fast`` is revisited every 2 s, within it: its keys of the last
+    horizon stay, and a copy of its previous visit's frontier record put back on the
+    frontier then is suppressed, never fetched or stored again."""
+    s = settings.replace(max_attempts=1, session_timeout_ms=6000, max_poll_interval_ms=6000,
+                         revisit="once", revisits={"127.0.0.7*": "every 9s",
+                                                   "127.0.0.8*": "every 2s"})
+    assert s.dedupe_horizon_s == 6.0
+    create_all_topics(s)
+    ws = fleet(s)
+    with ChangingSite(HOST, site_port) as slow_site, \
+            ChangingSite("127.0.0.8", site_port) as fast_site:
+        slow = canonicalize(slow_site.add("/slow", "etag"))
+        fast = canonicalize(fast_site.add("/fast", "etag"))
+        ws.start_pipeline()
+        ws.start("revisit")
+        publish_seeds(s, [slow, fast])
+        wait_until(_at_least(s, [slow], 3), 90, "three visits of the slow page")
+        keys = _live_seen_keys(s)
+        slow_visits = {v for v, _ in _visits(s)[slow]}
+        # the fast page's previous visit, still within the horizon: its record again
+        fast_keys = _visits_of(_live_seen_keys(s), fast)
+        replayed = fast_keys[-2]
+        codec = default_codec()
+        frontier = [r for t in (topology_of(s).frontier, topology_of(s).frontier_high)
+                    for r in read_topic(s, t) if r.value is not None]
+        (copy,) = [r for r in frontier
+                   if (job := codec.decode_as(CrawlJob, r.value, r.headers))["url"] == fast
+                   and job.get("visit") == replayed]
+        fetch = ws.all["fetch-0"]
+        skipped = fetch.counter("skipped_seen")
+        producer = Producer(s.kafka_common())
+        producer.produce(copy.topic, copy.value, copy.key, partition=copy.partition,
+                         headers=copy.headers)
+        assert producer.flush(10) == 0
+        wait_until(lambda: fetch.counter("skipped_seen") > skipped, 30,
+                   "the replayed visit suppressed")
+        replayed_rows = [v for v, _ in _visits(s)[fast] if v == replayed]
+        fast_visits = max(v for v, _ in _visits(s)[fast])
+    slow_keys = _visits_of(keys, slow)
+    # visit 0 and the latest visit only; the ones between were pruned with their successor
+    assert slow_keys == [0, max(slow_keys)] and max(slow_keys) >= 2, (slow_keys, keys)
+    assert max(slow_keys) in slow_visits
+    # the fast page: its previous visit's key was there (younger than the horizon), so
+    # its copy was suppressed: that visit stored once
+    assert replayed > 0 and 0 in fast_keys, fast_keys
+    assert replayed_rows == [replayed], replayed_rows
+    # and what the fast page kept is its horizon's visits, not all it made
+    assert len(fast_keys) < fast_visits, (fast_keys, fast_visits)
