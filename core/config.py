@@ -473,10 +473,8 @@ def _host_or_network(entry: str) -> bool:
 #: Settings that are tables of tables (TOML), or JSON text in their environment variable.
 TABLE_FIELDS = frozenset({"profiles", "egress"})
 
-#: CRAWLFLEET_* names that are not settings: read by the tools, the chaos harness, the build
-#: and the tests (a worker started with one of them in its environment must not refuse it).
-RESERVED_ENV = frozenset({"CONFIG", "FAULT", "FAULT_STALL_S", "HOME", "KAFKA_JARS", "KAFKA_PORT",
-                          "CLOCK_SKEW_S", "ROLL_RESULTS", "BUILD_REVISION", "CURRENT_TEST"})
+#: ``CRAWLFLEET_*`` names that are no settings (tools, chaos, build, tests): a worker accepts them.
+RESERVED_ENV = frozenset({"CONFIG", "FAULT", "FAULT_STALL_S", "HOME", "KAFKA_JARS", "KAFKA_PORT", "CLOCK_SKEW_S", "ROLL_RESULTS", "BUILD_REVISION", "CURRENT_TEST"})  # noqa: E501
 
 
 @lru_cache(maxsize=1)
