@@ -22,5 +22,8 @@ _WORD = re.compile(r"[^\W_]+")
 
 def text_signature(text: str) -> str:
     """The signature of an extracted text: 32 hex digits (BLAKE2b-128 of its words)."""
-    words = [w for w in _WORD.findall(text.lower()) if not any(c.isdigit() for c in w)]
+    # isalpha() first: a word of letters alone (nearly all of them) is kept without looking at
+    # each character in Python, which cost ~1 ms a 2,000-word page; the rule is unchanged.
+    words = [w for w in _WORD.findall(text.lower())
+             if w.isalpha() or not any(c.isdigit() for c in w)]
     return hashlib.blake2b(" ".join(words).encode(), digest_size=16).hexdigest()
