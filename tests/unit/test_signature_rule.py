@@ -34,3 +34,19 @@ def test_the_signature_is_the_rules_digest(text: str) -> None:
 @given(st.text(max_size=200))
 def test_any_text_gives_the_rules_digest(text: str) -> None:
     assert text_signature(text) == _reference(text)
+
+
+_ASCII_PIECES = st.sampled_from(["news", "Bridge", "2024", "v1", "x9y", "9x", "a1b2c3", "_",
+                                 "under_score", "12:03", " ", "\n", "-", "'", ".", "\t",
+                                 "\x00", "\x7f", "A"])
+
+
+@given(st.lists(_ASCII_PIECES, max_size=60).map("".join))
+def test_ascii_text_takes_the_bytes_path_to_the_same_digest(text: str) -> None:
+    assert text.isascii()
+    assert text_signature(text) == _reference(text)
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=300))
+def test_any_ascii_text_gives_the_rules_digest(text: str) -> None:
+    assert text_signature(text) == _reference(text)
