@@ -1,6 +1,7 @@
 """What a fleet costs while it waits: idle and polite-rate CPU, every process, beside Scrapy.
 
     python -m bench.idle_bench [--window 60] [--pages-per-s 2] [--port 28692] [--skip-scrapy]
+                               [--skip-one-off] [--profile DIR]
 
 A polite fleet spends most of its life waiting (a site at its cap, a crawl between revisits),
 so its cost per page at full speed says little about what it costs to keep. Four figures, each
@@ -106,7 +107,8 @@ def run(args: argparse.Namespace, work: Path) -> list[str]:
         s = load_settings(bootstrap_servers=bootstrap, topic_prefix="idle.",
                           data_dir=work / "data", allow_private=True)
         out += _fleet(s, work, broker, bare, args)
-        out.append(_one_off(bootstrap, work, broker, args))
+        if not args.skip_one_off:
+            out.append(_one_off(bootstrap, work, broker, args))
     finally:
         kafka_local.down(home)
     if not args.skip_scrapy:
@@ -141,14 +143,32 @@ def _fleet(s: Settings, work: Path, broker: list[int], bare: Costs,
             publish(site.spec.seeds(), s)
             _until(lambda: _fetched(site) > 0, 60)
             before = _fetched(site)
+            spies = _profile(args, {**{w: p.pid for w, p in fleet.procs.items()},
+                                    "broker": broker[0]})
             busy = sample(pids, args.window)
             n = _fetched(site) - before
+            for spy in spies:
+                spy.wait(30)
         per_page = (sum(busy.values()) - sum(idle.values())) * args.window / 60 / max(n, 1)
         lines.append(_line("polite fleet", busy, f"{n} pages in {args.window:.0f} s; "
                            f"{per_page * 1000:.1f} ms CPU a page above idle (target <= 10)"))
         return lines
     finally:
         fleet.stop()
+
+
+def _profile(args: argparse.Namespace, pids: dict[str, int]) -> list[subprocess.Popen[bytes]]:
+    """py-spy on every fleet worker for the polite window (``--profile DIR``): collapsed
+    stacks, one file a worker, idle frames left out -- where a polite page's CPU goes."""
+    if not args.profile:
+        return []
+    out = Path(args.profile)
+    out.mkdir(parents=True, exist_ok=True)
+    spy = str(Path(sys.executable).with_name("py-spy"))
+    return [subprocess.Popen([spy, "record", "-p", str(pid), "-d", str(int(args.window)),
+                              "-r", "100", "-f", "raw", "-o", str(out / f"{wid}.txt")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for wid, pid in pids.items() if wid != "broker"]
 
 
 def _one_off(bootstrap: str, work: Path, broker: list[int], args: argparse.Namespace) -> str:
@@ -194,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pages-per-s", type=float, default=2.0, help="the site's cap (default's)")
     p.add_argument("--port", type=int, default=28692)
     p.add_argument("--skip-scrapy", action="store_true")
+    p.add_argument("--skip-one-off", action="store_true")
+    p.add_argument("--profile", default="", help="a folder: py-spy each worker's polite window")
     args = p.parse_args(argv)
     os.environ.setdefault(kafka_local.JARS_ENV, str(kafka_local.ensure_jars()))
     with tempfile.TemporaryDirectory(prefix="crawlfleet-idle-") as tmp:

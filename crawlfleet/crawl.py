@@ -25,6 +25,7 @@ from core.config import Settings
 from core.errors import InfraError
 from crawlfleet import health
 from crawlfleet.crawls import CRAWL_LOCK, note_end, remove_groups, store_place
+from crawlfleet.dlq import bind, crawl_where
 
 # Fleet, Plan and settings_env lived here first: re-exported for their many users.
 from crawlfleet.fleet import PARTITIONS_PER_WORKER as PARTITIONS_PER_WORKER
@@ -493,6 +494,17 @@ def _calm(statuses: list[dict[str, Any]], lags: dict[str, int], fleet: Fleet,
     return all(v == 0 for stage, v in lags.items() if stage not in but)
 
 
+def dead_letter_sqls(prefix: str) -> tuple[str, str]:
+    """The summary's queries of the crawl ``prefix``'s dead letters: by reason, and the
+    targets refused by address. A dead letter's crawl is read from its id as ``dlq`` reads
+    it: crawl ``a.`` is not crawl ``b.a.``, and the shared fleet ("") is not every crawl."""
+    mine, values = crawl_where(prefix)
+    return (bind(f"SELECT reason, count() FROM dead_letters FINAL WHERE {mine} "  # noqa: S608
+                 "GROUP BY reason ORDER BY reason", **values),
+            bind(f"SELECT target, any(error) FROM dead_letters FINAL WHERE {mine} "  # noqa: S608
+                 "AND reason = 'address_not_allowed' GROUP BY target ORDER BY target", **values))
+
+
 def _summarise(settings: Settings, report: PublishReport, start_wall: float, elapsed: float,
                drained: bool, fleet: Fleet, published_wall: float,
                statuses: list[dict[str, Any]]) -> Summary:
@@ -500,9 +512,8 @@ def _summarise(settings: Settings, report: PublishReport, start_wall: float, ela
     # Values interpolated below are a float and a validated topic prefix, never user text.
     prefix = settings.topic_prefix
     pages_sql = f"SELECT count(), countIf(status BETWEEN 200 AND 299), dateDiff('millisecond', min(fetched_at), max(stored_at)), toUnixTimestamp64Milli(max(stored_at)), toUnixTimestamp64Milli(min(fetched_at)) FROM pages FINAL WHERE stored_at >= {since}"  # noqa: E501, S608
-    dead_sql = f"SELECT reason, count() FROM dead_letters FINAL WHERE startsWith(source_topic, '{prefix}') GROUP BY reason ORDER BY reason"  # noqa: E501, S608
+    dead_sql, hint_sql = dead_letter_sqls(prefix)
     err_sql = f"SELECT reason, count() FROM fetch_events FINAL WHERE ts >= {since} AND outcome != 'ok' GROUP BY reason ORDER BY reason"  # noqa: E501, S608
-    hint_sql = f"SELECT target, any(error) FROM dead_letters FINAL WHERE startsWith(source_topic, '{prefix}') AND reason = 'address_not_allowed' GROUP BY target ORDER BY target"  # noqa: E501, S608
     _, rows = run_query(settings, pages_sql)
     pages, ok, window_ms = int(rows[0][0]), int(rows[0][1]), int(rows[0][2] or 0)
     last_stored = int(rows[0][3] or 0) / 1000.0 if pages else 0.0
