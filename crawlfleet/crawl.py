@@ -25,7 +25,7 @@ from core.config import Settings
 from core.errors import InfraError
 from crawlfleet import health
 from crawlfleet.crawls import CRAWL_LOCK, note_end, remove_groups, store_place
-from crawlfleet.dlq import bind, crawl_where
+from crawlfleet.dlq import dead_letter_sqls
 
 # Fleet, Plan and settings_env lived here first: re-exported for their many users.
 from crawlfleet.fleet import PARTITIONS_PER_WORKER as PARTITIONS_PER_WORKER
@@ -492,17 +492,6 @@ def _calm(statuses: list[dict[str, Any]], lags: dict[str, int], fleet: Fleet,
         if holds_work(g) or s.get("waiting"):
             return False
     return all(v == 0 for stage, v in lags.items() if stage not in but)
-
-
-def dead_letter_sqls(prefix: str) -> tuple[str, str]:
-    """The summary's queries of the crawl ``prefix``'s dead letters: by reason, and the
-    targets refused by address. A dead letter's crawl is read from its id as ``dlq`` reads
-    it: crawl ``a.`` is not crawl ``b.a.``, and the shared fleet ("") is not every crawl."""
-    mine, values = crawl_where(prefix)
-    return (bind(f"SELECT reason, count() FROM dead_letters FINAL WHERE {mine} "  # noqa: S608
-                 "GROUP BY reason ORDER BY reason", **values),
-            bind(f"SELECT target, any(error) FROM dead_letters FINAL WHERE {mine} "  # noqa: S608
-                 "AND reason = 'address_not_allowed' GROUP BY target ORDER BY target", **values))
 
 
 def _summarise(settings: Settings, report: PublishReport, start_wall: float, elapsed: float,

@@ -73,6 +73,17 @@ def crawl_where(crawl: str, column: str = "event_id") -> tuple[str, dict[str, st
             {"place": PLACE, "crawl": crawl})
 
 
+def dead_letter_sqls(prefix: str) -> tuple[str, str]:
+    """The summary's queries of the crawl ``prefix``'s dead letters: by reason, and the
+    targets refused by address. A dead letter's crawl is read from its id as ``dlq`` reads
+    it: crawl ``a.`` is not crawl ``b.a.``, and the shared fleet ("") is not every crawl."""
+    mine, values = crawl_where(prefix)
+    return (bind(f"SELECT reason, count() FROM dead_letters FINAL WHERE {mine} "  # noqa: S608
+                 "GROUP BY reason ORDER BY reason", **values),
+            bind(f"SELECT target, any(error) FROM dead_letters FINAL WHERE {mine} "  # noqa: S608
+                 "AND reason = 'address_not_allowed' GROUP BY target ORDER BY target", **values))
+
+
 def crawl_phrase(crawl: str) -> str:
     """How a message names a crawl."""
     return f"crawl {crawl}" if crawl else "the shared fleet"
@@ -237,5 +248,5 @@ def replay(settings: Settings, filters: Filters,
 
 
 __all__ = ["PLACE", "UNREPLAYABLE", "Filters", "ReplayPlan", "crawl_of", "crawl_phrase",
-           "crawl_where", "dead_by_crawl", "list_dead", "parse_duration", "plan_replay",
-           "replay", "replay_id", "show"]
+           "crawl_where", "dead_by_crawl", "dead_letter_sqls", "list_dead", "parse_duration",
+           "plan_replay", "replay", "replay_id", "show"]

@@ -19,7 +19,7 @@ from core.config import Settings, load_settings
 from core.errors import ConfigError
 from crawlfleet import dlq
 from crawlfleet.cli import app
-from crawlfleet.crawl import dead_letter_sqls, hold_data_dir
+from crawlfleet.crawl import hold_data_dir
 from infra.clickhouse import DEAD_COLUMNS, Store
 from infra.store_query import run_query
 
@@ -89,7 +89,7 @@ def test_list_holds_the_crawls_dead_letters_and_no_other_crawls(s: Settings,
 
 @pytest.mark.parametrize("crawl", sorted(set(IDS.values())))
 def test_a_crawls_summary_counts_its_own_dead_letters(s: Settings, crawl: str) -> None:
-    by_reason, refused = dead_letter_sqls(crawl)
+    by_reason, refused = dlq.dead_letter_sqls(crawl)
     _, rows = run_query(s, by_reason)
     assert sum(int(n) for _, n in rows) == sum(1 for c in IDS.values() if c == crawl)
     _, rows = run_query(s, refused)
