@@ -143,8 +143,7 @@ def _fleet(s: Settings, work: Path, broker: list[int], bare: Costs,
             publish(site.spec.seeds(), s)
             _until(lambda: _fetched(site) > 0, 60)
             before = _fetched(site)
-            spies = _profile(args, {**{w: p.pid for w, p in fleet.procs.items()},
-                                    "broker": broker[0]})
+            spies = _profile(args, {w: p.pid for w, p in fleet.procs.items()})
             busy = sample(pids, args.window)
             n = _fetched(site) - before
             for spy in spies:
@@ -168,7 +167,7 @@ def _profile(args: argparse.Namespace, pids: dict[str, int]) -> list[subprocess.
     return [subprocess.Popen([spy, "record", "-p", str(pid), "-d", str(int(args.window)),
                               "-r", "100", "-f", "raw", "-o", str(out / f"{wid}.txt")],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for wid, pid in pids.items() if wid != "broker"]
+            for wid, pid in pids.items()]
 
 
 def _one_off(bootstrap: str, work: Path, broker: list[int], args: argparse.Namespace) -> str:
