@@ -16,16 +16,31 @@ from infra.kafka_home import _MAIN_CLASS
 _log = logging.getLogger("infra.kafka_local")
 
 
-def is_our_broker(pid: int, props: Path) -> bool:
-    """True if pid is a live JVM running kafka.Kafka on this node's config (not a reused pid)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    if state in ("Z", "X"):
-        return False
+def is_our_broker(pid: int, props: Path, exec_wait_s: float = 0.5) -> bool:
+    """True if pid is a live JVM running kafka.Kafka on this node's config (not a reused pid).
+
+    A live process with an empty command line is between the two halves of an exec (the
+    kernel has switched its memory but not yet set its arguments): a new node's launcher
+    execs the JVM after its format, and reading it at that instant once made a starting
+    node look dead. So an empty command line is read again for up to ``exec_wait_s``.
+    """
+    deadline = time.monotonic() + exec_wait_s
+    while True:
+        try:
+            cmdline = _read_cmdline(pid)
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        if state in ("Z", "X"):
+            return False
+        if cmdline != [b""] or time.monotonic() >= deadline:
+            break
+        time.sleep(0.005)
     return _MAIN_CLASS.encode() in cmdline and str(props).encode() in cmdline
+
+
+def _read_cmdline(pid: int) -> list[bytes]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
 
 
 def send_signal(pid: int, sig: signal.Signals) -> None:
