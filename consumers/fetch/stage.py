@@ -60,6 +60,8 @@ log = logging.getLogger("crawlfleet.fetch")
 TP = tuple[str, int]
 #: A worker out of queued jobs hands its results on this often, not on the full interval.
 _STARVED_COMMIT_S = 0.1
+#: The main loop's poll with requests in flight, and its longest with jobs only queued.
+_BUSY_POLL_S, _QUEUED_POLL_S = 0.01, 0.2
 #: The status file is written at least this often, whatever the main loop waits on.
 REPORT_EVERY_S = 0.5
 #: The longest a revoke waits for the moved partitions' requests to be aborted.
@@ -101,6 +103,27 @@ def commit_due(since_commit_s: float, completed: int, queued: int, running: int,
     starved = bool(completed) and not queued and (
         not running or since_commit_s >= _STARVED_COMMIT_S)
     return since_commit_s >= interval_s or starved or completed >= burst_cap
+
+
+def poll_wait_s(now: float, running: int, completed: int, queued: int,
+                next_due: float | None, commit_at: float, idle_s: float) -> float:
+    """How long the main loop's next poll may wait (a poll cannot be woken early).
+
+    A request in flight may finish any moment, and its result is handed on as soon as it
+    is due (``commit_due``): a short poll. Jobs queued but waiting for their target's slot
+    (a polite crawl, nearly always) need the loop only when the next may start or the
+    finished ones are due to be committed: until then, up to 0.2 s -- at 2 requests/s a
+    100 Hz loop was most of a polite fetch worker's CPU (issue 43). Nothing at all: the
+    stage's idle wait (``idle_s``).
+    """
+    if running:
+        return _BUSY_POLL_S
+    wake = [commit_at] if completed else []
+    if queued and next_due is not None:
+        wake.append(next_due)
+    if not wake:
+        return _BUSY_POLL_S if queued and not completed else idle_s
+    return min(_QUEUED_POLL_S, max(_BUSY_POLL_S, min(wake) - now))
 
 
 class _Session:
@@ -288,7 +311,16 @@ class _Session:
             # record still ends at once (streams.idle_poll).
             held = busy or self.ledger.uncommitted or self.parked.total() or self.kafka.paused \
                 or self.kafka.control_paused
-            msgs = await self.kafka.poll(0.01 if busy else self.idle.timeout(0.2, bool(held)))
+            now = time.monotonic()
+            # when commit_due turns true with nothing in flight: at once unless jobs wait
+            commit_at = last_commit + self.s.commit_interval_s if len(self.sched) and \
+                self.ledger.completed < self.slow_start.cap(now) else now
+            # paused: its queued jobs start at no slot, so none needs the loop
+            queued = 0 if self.dispatch.paused else len(self.sched)
+            wait_s = _BUSY_POLL_S if self.dispatch.held_for_commit else poll_wait_s(
+                now, self.dispatch.running, self.ledger.completed, queued,
+                self.targets.next_due(), commit_at, self.idle.timeout(0.2, bool(held)))
+            msgs = await self.kafka.poll(wait_s)
             if msgs:
                 self.idle.took()
                 self.intake.admit(msgs)
