@@ -311,6 +311,9 @@ class StoreStage(SinkStage):
     def batch_limits(self) -> tuple[int, float, float]:
         return self.s.store_batch_rows, self.s.store_batch_wait_s, _QUIET_S
 
+    def trickle_linger_s(self) -> float:
+        return self.settings.store_trickle_wait_s
+
     def _open(self) -> Store | None:
         """The store, once it can be had (None if stopped first): claimed for this worker's
         life, then opened, retried with back-off while anyone else holds it."""

@@ -242,9 +242,11 @@ class Settings:
     #: Frontier records not yet fetched above which publishers block and link discovery
     #: pauses (0 = unbounded).
     frontier_lag_bound: int = 200_000
-    #: Rows per ClickHouse insert batch (store stage), and the longest wait to fill one.
+    #: Rows per ClickHouse insert batch (store stage), the longest wait to fill one, and how
+    #: long a batch gathers while the input trickles (``streams.trickle``; 0 = not longer).
     store_batch_rows: int = 5000
     store_batch_wait_s: float = 0.25
+    store_trickle_wait_s: float = 1.0
     #: WARC archive of the stored pages (``consumers.warc``), files finished past a size.
     warc_dir: str = ""
     warc_max_bytes: int = 1 << 30
@@ -391,8 +393,8 @@ def _problems(s: Settings) -> list[str]:
     if not 0 <= s.quarantine_target_share < 1:
         out.append("quarantine_target_share must be in [0, 1): the target pauses when more "
                    "than this share of its profiles is quarantined")
-    for name, zero in (("sample_interval_s", "no queue sampling"),
-                       ("frontier_lag_bound", "unbounded"), ("fleet_rate_cap", "no fleet cap")):
+    for name, zero in (("sample_interval_s", "no queue sampling"), ("fleet_rate_cap", "no cap"),
+                       ("frontier_lag_bound", "unbounded"), ("store_trickle_wait_s", "none")):
         if getattr(s, name) < 0:
             out.append(f"{name} must be >= 0 (0 = {zero})")
     for target, spec in s.crawl_windows.items():
@@ -495,12 +497,10 @@ def _coerce_field(name: str, value: Any, source: str | None = None) -> Any:
 def _expected(hint: Any) -> str:
     """What a value of type ``hint`` looks like, for error messages."""
     origin = getattr(hint, "__origin__", None)
-    if hint is bool:
-        return "true or false (also 1/0, yes/no, on/off)"
-    if hint is int:
-        return "a whole number, e.g. 8"
-    if hint is float:
-        return "a number, e.g. 2.5"
+    simple = {bool: "true or false (also 1/0, yes/no, on/off)", int: "a whole number, e.g. 8",
+              float: "a number, e.g. 2.5"}
+    if hint in simple:
+        return str(simple[hint])
     if origin is tuple:
         return "a comma-separated list, e.g. a,b"
     if origin is dict:

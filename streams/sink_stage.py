@@ -3,7 +3,8 @@
 A sink's output leaves Kafka (ClickHouse), so no Kafka transaction can cover it: the write
 must be idempotent on replay, and the offsets are committed only after it returned. A crash
 between the two replays the batch, which the sink recognises (deduplication token, a
-replacing merge). Batches are cut by size and time and cut short when the input goes quiet.
+replacing merge). Batches are cut by size and time and cut short when the input goes quiet
+(unless it trickles: ``streams.trickle``).
 Records the sink itself must add to a topic (its dead letters) are produced and awaited
 before the offsets move (:meth:`SinkStage.publish`).
 """
@@ -38,6 +39,7 @@ from streams.io import (
 )
 from streams.membership import Membership
 from streams.stage import Stage
+from streams.trickle import Trickle
 from streams.worker import StopFlag
 
 log = logging.getLogger("crawlfleet.sink")
@@ -55,6 +57,7 @@ class SinkStage(Stage):
         self._revoked: set[tuple[str, int]] = set()
         self._producer: Producer | None = None  # made for the first record to publish
         self._idle = IdlePoll()
+        self.trickle = Trickle(self.trickle_linger_s())
 
     @abstractmethod
     def write(self, batch: list[Message]) -> dict[tuple[str, int], int]:
@@ -64,6 +67,11 @@ class SinkStage(Stage):
         """(most records per write, longest wait after a batch's first record, the gap
         with no new record that cuts the batch short)."""
         return 1000, 0.5, 0.05
+
+    def trickle_linger_s(self) -> float:
+        """How long a batch gathers while the input trickles (``streams.trickle``; 0: no
+        lingering, every quiet gap cuts a batch)."""
+        return 0.0
 
     def session(self) -> None:
         """One consumer's life in the group: collect, write, commit, until stopped."""
@@ -107,15 +115,18 @@ class SinkStage(Stage):
         batch: list[Message] = []
         rows, wait_s, quiet_s = self.batch_limits()
         deadline: float | None = None
+        wait_s = self.trickle.wait_s(wait_s)
         while len(batch) < rows and not self.stop.requested:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 break
             # Idle: a short poll, so a stop is seen within IDLE_POLL_S (the crawl stops
             # the store last, after everything else, and waits for it); long idle, a
-            # longer one (streams.idle_poll).
+            # longer one (streams.idle_poll). Trickling: a poll to the deadline, in
+            # pieces short enough to see a stop.
+            quiet = quiet_s if self.trickle.cuts_on_quiet(len(batch)) else IDLE_POLL_S * 4
             timeout = self._idle.timeout(IDLE_POLL_S, holding=False) if deadline is None \
-                else min(deadline - now, quiet_s)
+                else min(deadline - now, quiet)
             got = False
             self.poll_gaps.tick()
             for msg in consume_ready(consumer, min(1000, rows - len(batch)), timeout):
@@ -129,9 +140,11 @@ class SinkStage(Stage):
             if got and deadline is None:
                 deadline = now + wait_s
             elif not got:
-                if batch:
+                if batch and self.trickle.cuts_on_quiet(len(batch)):
                     break
-                self.status.write()
+                if not batch:
+                    self.status.write()
+        self.trickle.ended(len(batch))
         return batch
 
     def _commit(self, consumer: Consumer, offsets: dict[tuple[str, int], int]) -> None:
