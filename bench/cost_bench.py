@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.repeat,  # each shape crawled this many times, "pages" in each
         "settings": "defaults (uncapped: rate_cap 100000, scope seeds), 1 broker, chDB",
         "figures": "each the highest over the shapes",
-        "machine": f"{os.cpu_count()} cores shared with other engineers' test runs (load "
+        "machine": f"{os.cpu_count()} cores (load "
                    f"average {load_before[0]:.1f} at start, {os.getloadavg()[0]:.1f} at "
                    "end): CPU seconds per page are less sensitive to that than wall time, "
                    "not immune (cache, frequency); crawl_seconds are not a pace"}
