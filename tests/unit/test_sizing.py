@@ -66,3 +66,10 @@ def test_sizes_follow_the_plan_at_the_stated_scale() -> None:
     disk_gib = float(table["stages"]["fetch"]["disk"].removesuffix("Gi"))
     assert disk_gib * 2**30 / 1e9 >= fetch_gb * sizing.DISK_SLACK
     assert costs.measured["commit"] in table["scale"]
+
+
+def test_the_readme_walk_through_names_the_fetch_pvc_sizes_json_holds() -> None:
+    """README told operators 50Gi while sizes.json said 36Gi: its figure is read from there."""
+    readme = (Path(sizing.SCALING).parents[1] / "README.md").read_text()
+    disk = json.loads(deploy_files.SIZES.read_text())["stages"]["fetch"]["disk"]
+    assert f"(fetch: {disk} each" in readme
